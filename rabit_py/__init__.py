@@ -1,0 +1,24 @@
+"""rabit_py: fault-tolerant collective communication on MPI, for BSP training.
+
+``import rabit_py as rabit``; then ``rabit.init()``, collectives, checkpoints,
+``rabit.finalize()``. Nothing runs at import: MPI starts in ``init()``.
+"""
+
+from ._version import __version__
+from .api import (allgather, allreduce, broadcast, checkpoint, finalize, get_processor_name,
+                  get_rank, get_world_size, init, is_distributed, lazy_checkpoint,
+                  load_checkpoint, session, tracker_print, version_number)
+from .errors import (CheckpointError, CollectiveMismatchError, CollectiveTimeoutError,
+                     NotInitializedError, RabitError, RecoveryError)
+from .ops import CustomOp, Op
+
+__all__ = [
+    "__version__",
+    "init", "finalize", "session",
+    "get_rank", "get_world_size", "is_distributed", "get_processor_name",
+    "allreduce", "broadcast", "allgather", "Op", "CustomOp",
+    "checkpoint", "lazy_checkpoint", "load_checkpoint", "version_number",
+    "tracker_print",
+    "RabitError", "NotInitializedError", "CollectiveMismatchError",
+    "CollectiveTimeoutError", "RecoveryError", "CheckpointError",
+]

@@ -1,0 +1,281 @@
+"""The public functions of rabit_py: a thin facade over the one current engine.
+
+Names follow Rabit's Python wrapper. Nothing here talks to MPI; the engine
+modules are imported by :func:`init`, so ``import rabit_py`` starts nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Iterator, Optional
+
+import numpy as np
+
+from .config import Config
+from .engine.base import CheckpointResult, Engine, PrepareFn
+from .errors import NotInitializedError, RabitError
+from .ops import OpLike
+
+__all__ = ["init", "finalize", "get_rank", "get_world_size", "is_distributed",
+           "get_processor_name", "allreduce", "broadcast", "allgather", "checkpoint",
+           "lazy_checkpoint", "load_checkpoint", "version_number", "tracker_print",
+           "session"]
+
+log = logging.getLogger("rabit_py")
+
+# The one piece of module state: the engine between init() and finalize().
+_engine: Optional[Engine] = None
+
+
+def _current() -> Engine:
+    if _engine is None:
+        raise NotInitializedError(
+            "rabit_py is not initialized: call rabit.init() (or use `with rabit.session():`) "
+            "before any other rabit_py call")
+    return _engine
+
+
+def init(engine: str = "auto", comm: Optional[Any] = None, **config: Any) -> None:
+    """Join the job.
+
+    Args:
+        engine: ``"mpi"`` (plain), ``"robust"`` (fault tolerant), ``"mock"``
+            (robust plus fault injection) or ``"auto"`` (the ``RABIT_ENGINE``
+            variable if set, else the best engine available).
+        comm: an mpi4py intra-communicator to run on instead of
+            ``MPI.COMM_WORLD`` (e.g. a ``Split`` of it). It is duplicated.
+        **config: settings of :class:`rabit_py.config.Config` (``timeout``,
+            ``check``, ...); they win over ``RABIT_*`` variables.
+
+    Raises:
+        RabitError: already initialized, or the engine is not available.
+        TypeError: an unknown setting, or ``comm`` is not a communicator.
+        ValueError: an invalid setting value.
+    """
+    global _engine
+    if _engine is not None:
+        raise RabitError("rabit_py is already initialized in this process; "
+                         "call rabit.finalize() before init() again")
+    cfg = Config.from_env(engine=None if engine == "auto" else engine, **config)
+    cfg.apply_logging()
+    _engine = _make_engine(cfg, comm)
+    log.debug("rank %d/%d: %s started", _engine.rank, _engine.world_size,
+              type(_engine).__name__)
+
+
+def _make_engine(cfg: Config, comm: Optional[Any]) -> Engine:
+    name = cfg.engine
+    if name in ("robust", "mock"):
+        raise RabitError(
+            f"engine={name!r} is not available in this version of rabit_py; "
+            f"use engine='mpi' (or 'auto')")
+    # "auto": the robust engine will be chosen where ULFM is enabled once it exists.
+    from .engine.mpi import MpiEngine
+    return MpiEngine(cfg, comm)
+
+
+def finalize() -> None:
+    """Leave the job cleanly. Collective.
+
+    Safe to call when not initialized (it does nothing then).
+
+    Raises:
+        CollectiveMismatchError: another rank was still making collective calls.
+    """
+    global _engine
+    engine, _engine = _engine, None
+    if engine is not None:
+        engine.finalize()
+
+
+@contextlib.contextmanager
+def session(engine: str = "auto", comm: Optional[Any] = None,
+            **config: Any) -> Iterator[None]:
+    """``init(...)`` on entry and ``finalize()`` on exit, as a context manager.
+
+    Args: as :func:`init`.
+    """
+    init(engine, comm, **config)
+    try:
+        yield
+    finally:
+        finalize()
+
+
+def get_rank() -> int:
+    """This process's rank, 0..world_size-1.
+
+    Raises:
+        NotInitializedError: before ``init()``.
+    """
+    return _current().rank
+
+
+def get_world_size() -> int:
+    """Number of ranks in the job.
+
+    Raises:
+        NotInitializedError: before ``init()``.
+    """
+    return _current().world_size
+
+
+def is_distributed() -> bool:
+    """Whether the job is initialized and has more than one rank. Never raises."""
+    return _engine is not None and _engine.world_size > 1
+
+
+def get_processor_name() -> str:
+    """Name of the host this rank runs on.
+
+    Raises:
+        NotInitializedError: before ``init()``.
+    """
+    return _current().processor_name()
+
+
+def allreduce(data: np.ndarray, op: OpLike,
+              prepare_fun: Optional[PrepareFn] = None) -> np.ndarray:
+    """Reduce ``data`` across all ranks **in place** and return it.
+
+    Collective: every rank must call it in the same order.
+
+    Args:
+        data: a C-contiguous, writeable NumPy array (bool, int8-64, uint8-64,
+            float16/32/64, complex64/128), of the same shape and dtype on every
+            rank. Strided views are refused rather than silently copied.
+        op: ``Op.MAX, MIN, SUM, PROD, BITOR, BITAND, BITXOR`` (bit ops on
+            integer or bool arrays), or a reducer from ``Op.create(fn)``.
+        prepare_fun: ``prepare_fun(data)`` fills the buffer just before the
+            reduction; it is skipped when the result is recovered from a peer.
+
+    Returns:
+        ``data``, now holding the reduction.
+
+    Raises:
+        TypeError, ValueError: bad input (before any communication).
+        CollectiveMismatchError: ranks disagree on the call (raised on every rank).
+        CollectiveTimeoutError: the call did not complete within ``timeout``.
+        NotInitializedError: before ``init()``.
+    """
+    return _current().allreduce(data, op, prepare_fun)
+
+
+def broadcast(data: Any, root: int = 0) -> Any:
+    """Broadcast from ``root``.
+
+    Collective: every rank must call it in the same order.
+
+    If the root passes a NumPy array, ranks that pass an array of the same
+    shape and dtype receive it in place; ranks that pass anything else (e.g.
+    ``None``) get a new array. If the root passes any other picklable object,
+    every rank gets a copy of it.
+
+    Args:
+        data: the value on the root; a receive buffer or ``None`` elsewhere.
+        root: the rank that sends.
+
+    Returns:
+        The root's value (the root gets back its own object).
+
+    Raises:
+        TypeError: the root's object cannot be pickled (raised on every rank),
+            or bad input.
+        ValueError: ``root`` is not a rank of the job.
+        CollectiveMismatchError, CollectiveTimeoutError, NotInitializedError:
+            as for :func:`allreduce`.
+    """
+    return _current().broadcast(data, root)
+
+
+def allgather(data: np.ndarray) -> np.ndarray:
+    """Concatenate every rank's array along axis 0, in rank order.
+
+    Collective: every rank must call it in the same order.
+
+    Args:
+        data: a C-contiguous array with ``ndim >= 1``; the first dimension may
+            differ between ranks, the dtype and trailing shape may not.
+
+    Returns:
+        A new array holding all ranks' rows.
+
+    Raises:
+        TypeError, ValueError: bad input.
+        CollectiveMismatchError, CollectiveTimeoutError, NotInitializedError:
+            as for :func:`allreduce`.
+    """
+    return _current().allgather(data)
+
+
+def checkpoint(global_model: Any, local_model: Any = None) -> None:
+    """End a version: store the models so that recovery can restart from here.
+
+    Collective: every rank must call it in the same order. Increments
+    :func:`version_number`. Idiom (as in Rabit)::
+
+        version, model = rabit.load_checkpoint()
+        if version == 0:
+            model = init_model()
+        for it in range(version, num_iter):
+            model = train_one_round(model)
+            rabit.checkpoint(model)
+
+    Args:
+        global_model: picklable, identical on all ranks.
+        local_model: optional picklable per-rank state.
+
+    Raises:
+        CheckpointError: a model cannot be pickled.
+        CollectiveMismatchError, CollectiveTimeoutError, NotInitializedError.
+    """
+    _current().checkpoint(global_model, local_model)
+
+
+def lazy_checkpoint(global_model: Any) -> None:
+    """As :func:`checkpoint` for a global model only, serialized only if a
+    failure needs it; do not change ``global_model`` until the next checkpoint.
+
+    Collective: every rank must call it in the same order.
+    """
+    _current().lazy_checkpoint(global_model)
+
+
+def load_checkpoint(with_local: bool = False) -> CheckpointResult:
+    """The latest checkpoint.
+
+    Collective: every rank must call it in the same order.
+
+    Args:
+        with_local: also return this rank's local model.
+
+    Returns:
+        ``(version, global_model)``, or ``(version, global_model, local_model)``;
+        ``(0, None[, None])`` on a fresh start.
+
+    Raises:
+        CheckpointError: the stored model cannot be read back.
+        NotInitializedError: before ``init()``.
+    """
+    return _current().load_checkpoint(with_local)
+
+
+def version_number() -> int:
+    """Number of checkpoints taken so far (the version to resume from).
+
+    Raises:
+        NotInitializedError: before ``init()``.
+    """
+    return _current().version_number()
+
+
+def tracker_print(msg: str) -> None:
+    """Print ``msg`` once for the whole job (from rank 0), flushed.
+
+    Not collective: ranks other than 0 print nothing.
+
+    Raises:
+        NotInitializedError: before ``init()``.
+    """
+    _current().tracker_print(str(msg))

