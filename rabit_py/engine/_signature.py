@@ -17,13 +17,15 @@ making, so it cannot deadlock on a kind mismatch.
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["Kind", "Signature", "WILDCARD", "mismatched_fields",
-           "describe_mismatch"]
+from ..ops import dtype_code, op_code, op_name
+
+__all__ = ["Kind", "Signature", "WILDCARD", "N_FIELDS", "shape_code", "fill_vector",
+           "agrees", "mismatched_fields", "describe_mismatch", "Call", "OBJECT",
+           "call_values", "call_signature"]
 
 WILDCARD = int(np.iinfo(np.int64).min)
 
@@ -42,8 +44,13 @@ class Kind:
              5: "load_checkpoint", 6: "finalize"}
 
 
-# dtype code of a broadcast root that sends a pickled object instead of an array
+# The dtype of a broadcast root that sends a pickled object instead of an array.
+OBJECT = "object"
 OBJECT_DTYPE = 99
+
+# What a rank says of its call: (op, dtype, shape, root), None for "any".
+# allgather passes -1 as the first dimension, which may differ between ranks.
+Call = Tuple[Any, Any, Optional[Tuple[int, ...]], Optional[int]]
 
 _FIELDS = ("version", "seqno", "kind", "op", "dtype", "shape", "root", "status")
 _LABELS = {"version": "version", "seqno": "call number", "kind": "call", "op": "op",
@@ -51,9 +58,80 @@ _LABELS = {"version": "version", "seqno": "call number", "kind": "call", "op": "
            "status": "input"}
 
 
+N_FIELDS = len(_FIELDS)
+
+
+def shape_code(shape: Tuple[Any, ...]) -> int:
+    """A non-negative number for a shape. ``hash`` of a tuple of ints is not
+    salted per process (only str/bytes hashes are), so ranks agree on it."""
+    return hash(tuple(shape)) & 0x3FFFFFFFFFFFFFFF
+
+
+def fill_vector(vec: np.ndarray, values: Sequence[Optional[int]]) -> np.ndarray:
+    """Write ``[fields, -fields]`` into ``vec`` (length ``2 * N_FIELDS``).
+
+    ``values`` are the fields in ``_FIELDS`` order, ``None`` for a wildcard.
+    Negating ``WILDCARD`` wraps to itself, so wildcards are ``WILDCARD`` in
+    both halves and take no part in the MAX.
+    """
+    vec[:N_FIELDS] = [WILDCARD if v is None else v for v in values]
+    np.negative(vec[:N_FIELDS], out=vec[N_FIELDS:])
+    return vec
+
+
+def agrees(reduced: np.ndarray) -> bool:
+    """Whether the reduced vector shows every field equal on all ranks.
+
+    For each field, max == -(max of -x) == min when all contributors agree; an
+    all-wildcard field is ``WILDCARD`` in the first half. (Python ints: a
+    16-element ``tolist`` beats NumPy's per-call overhead here.)
+    """
+    values = reduced.tolist()
+    highs, neg_lows = values[:N_FIELDS], values[N_FIELDS:]
+    return all(hi == WILDCARD or hi == -lo for hi, lo in zip(highs, neg_lows))
+
+
+def mismatched_fields(reduced: np.ndarray) -> List[str]:
+    """Names of the fields on which ranks disagree, from the reduced vector."""
+    maxs, neg_mins = reduced[:N_FIELDS], reduced[N_FIELDS:]
+    return [name for name, hi, neg_lo in zip(_FIELDS, maxs, neg_mins)
+            if hi != WILDCARD and hi != -neg_lo]
+
+
+def call_values(version: int, seqno: int, kind: int, call: Optional[Call],
+                error: Optional[BaseException]) -> Tuple[Optional[int], ...]:
+    """The fields of a call in ``_FIELDS`` order (the fast path: no texts).
+
+    A refused call (``error``) describes nothing but its position and status.
+    """
+    if call is None or error is not None:
+        return (version, seqno, kind, None, None, None, None, 0 if error is None else 1)
+    op, dtype, shape, root = call
+    return (version, seqno, kind,
+            None if op is None else op_code(op),
+            None if dtype is None else (OBJECT_DTYPE if dtype is OBJECT else dtype_code(dtype)),
+            None if shape is None else shape_code(shape),
+            root, 0)
+
+
+def call_signature(version: int, seqno: int, kind: int, call: Optional[Call],
+                   error: Optional[BaseException]) -> "Signature":
+    """The readable signature of a call (the slow path, for messages)."""
+    if call is None or error is not None:
+        return Signature(version, seqno, kind, error=error)
+    op, dtype, shape, root = call
+    return Signature(version, seqno, kind,
+                     op=None if op is None else op_code(op),
+                     op_text="" if op is None else op_name(op),
+                     dtype=None if dtype is None else (
+                         OBJECT_DTYPE if dtype is OBJECT else dtype_code(dtype)),
+                     dtype_text="" if dtype is None else str(dtype),
+                     shape=shape, root=root)
+
+
 @dataclasses.dataclass
 class Signature:
-    """One rank's description of a collective call.
+    """One rank's description of a collective call, for messages.
 
     ``None`` fields are wildcards. ``shape`` is the shape that must match (the
     trailing shape for allgather). ``error`` is the exception that refused this
@@ -68,25 +146,19 @@ class Signature:
     op_text: str = ""
     dtype: Optional[int] = None
     dtype_text: str = ""
-    shape: Optional[Tuple[int, ...]] = None
+    shape: Optional[Tuple[Any, ...]] = None
     root: Optional[int] = None
     error: Optional[BaseException] = None
 
+    def values(self) -> Tuple[Optional[int], ...]:
+        """The fields in ``_FIELDS`` order."""
+        return (self.version, self.seqno, self.kind, self.op, self.dtype,
+                None if self.shape is None else shape_code(self.shape), self.root,
+                0 if self.error is None else 1)
+
     def vector(self) -> np.ndarray:
         """The ``[fields, -fields]`` vector for the agreement allreduce."""
-        shape_code = (None if self.shape is None
-                      else zlib.crc32(repr(tuple(self.shape)).encode()))
-        status = 0 if self.error is None else 1
-        values = (self.version, self.seqno, self.kind, self.op, self.dtype,
-                  shape_code, self.root, status)
-        vec = np.empty(2 * len(values), dtype=np.int64)
-        for i, v in enumerate(values):
-            if v is None:
-                vec[i] = vec[len(values) + i] = WILDCARD
-            else:
-                vec[i] = v
-                vec[len(values) + i] = -v
-        return vec
+        return fill_vector(np.empty(2 * N_FIELDS, dtype=np.int64), self.values())
 
     def describe(self) -> Dict[str, Any]:
         """Readable values of the fields, for the mismatch message."""
@@ -96,7 +168,7 @@ class Signature:
             "kind": Kind.NAMES.get(self.kind, str(self.kind)),
             "op": self.op_text or None,
             "dtype": self.dtype_text or None,
-            "shape": None if self.shape is None else tuple(self.shape),
+            "shape": None if self.shape is None else _shape_text(self.shape),
             "root": self.root,
             "status": ("ok" if self.error is None
                        else f"refused ({type(self.error).__name__}: {self.error})"),
@@ -105,14 +177,6 @@ class Signature:
     def title(self) -> str:
         """``allreduce #3 (version 1)``."""
         return f"{Kind.NAMES.get(self.kind, self.kind)} #{self.seqno} (version {self.version})"
-
-
-def mismatched_fields(reduced: np.ndarray) -> List[str]:
-    """Names of the fields on which ranks disagree, from the reduced vector."""
-    n = len(_FIELDS)
-    maxs, neg_mins = reduced[:n], reduced[n:]
-    return [name for name, hi, neg_lo in zip(_FIELDS, maxs, neg_mins)
-            if hi != WILDCARD and hi != -neg_lo]
 
 
 def describe_mismatch(rank: int, mine: Signature, fields: Sequence[str],
@@ -144,6 +208,10 @@ def describe_mismatch(rank: int, mine: Signature, fields: Sequence[str],
                 "to broadcast) to each collective.")
     lines.append(hint)
     return "\n".join(lines)
+
+
+def _shape_text(shape: Tuple[int, ...]) -> str:
+    return "(" + ", ".join("*" if d == -1 else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def _ranks(ranks: Sequence[int]) -> str:

@@ -24,9 +24,11 @@ from .._checkpoint import deserialize, serialize
 from ..config import Config
 from ..errors import (CheckpointError, CollectiveMismatchError, CollectiveTimeoutError,
                       PeerFailure, RabitError, RecoveryError)
-from ..ops import DTYPES, CustomOp, Op, OpLike, dtype_code, op_code, op_name
-from ._signature import (OBJECT_DTYPE, Kind, Signature, describe_mismatch,
-                         mismatched_fields)
+from ..ops import CustomOp, Op, OpLike
+from ._broadcast import (ARRAY, ERROR, HEADER_LEN, INLINE_DIMS, header_dtype, inline_shape,
+                         root_header)
+from ._signature import (N_FIELDS, OBJECT, Call, Kind, agrees, call_signature, call_values,
+                         describe_mismatch, fill_vector, mismatched_fields)
 from ._validate import check_allgather, check_allreduce, check_array_broadcast, check_root
 from ._watchdog import Position, Watchdog, exchange_positions
 from .base import CheckpointResult, Engine, PrepareFn
@@ -43,10 +45,6 @@ _BOOL_OPS = {Op.MAX: MPI.LOR, Op.MIN: MPI.LAND, Op.BITOR: MPI.LOR,
 
 _ERR_PROC_FAILED = getattr(MPI, "ERR_PROC_FAILED", 75)
 _ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
-
-# Broadcast header, sent by the root: mode, payload bytes, dtype code, ndim, shape.
-_HEADER_LEN = 4 + 64
-_MODE_ARRAY, _MODE_OBJECT, _MODE_ERROR = 1, 2, 3
 
 _NO_LAZY = object()
 
@@ -108,7 +106,8 @@ class MpiEngine(Engine):
         self._broken: Optional[str] = None
         self._finalized = False
         self._token: tuple = (0, 0, 0)  # (kind, version, seqno) of the current call
-        self._pickle_error: Optional[BaseException] = None
+        self._sigvec = np.empty(2 * N_FIELDS, dtype=np.int64)
+        self._header = np.zeros(HEADER_LEN, dtype=np.int64)
         self._watchdog = (Watchdog(config.timeout, self._on_timeout)
                           if config.timeout > 0 and self._size > 1 else None)
         self._saved_excepthook = None
@@ -141,9 +140,8 @@ class MpiEngine(Engine):
     def allreduce(self, data: np.ndarray, op: OpLike,
                   prepare_fun: Optional[PrepareFn] = None) -> np.ndarray:
         error = check_allreduce(data, op)
-        self._enter(Kind.ALLREDUCE, error, True, lambda: dict(
-            op=op_code(op), op_text=op_name(op), dtype=dtype_code(data.dtype),
-            dtype_text=str(data.dtype), shape=data.shape))
+        self._enter(Kind.ALLREDUCE, error, True,
+                    (op, data.dtype, data.shape, None) if self._check and error is None else None)
         try:
             if prepare_fun is not None:
                 prepare_fun(data)
@@ -184,69 +182,54 @@ class MpiEngine(Engine):
             error = check_array_broadcast(data)
         is_root = error is None and self._rank == root
 
-        def fields() -> Dict[str, Any]:
-            if is_array:
-                return dict(dtype=dtype_code(data.dtype), dtype_text=str(data.dtype),
-                            shape=data.shape, root=root if error is None else None)
-            if is_root:
-                return dict(dtype=OBJECT_DTYPE, dtype_text="object", root=root)
-            return dict(root=root if error is None else None)
-
-        self._enter(Kind.BROADCAST, error, True, fields)
+        call: Optional[Call] = None
+        if self._check and error is None:
+            call = ((None, data.dtype, data.shape, root) if is_array
+                    else (None, OBJECT, None, root) if is_root else (None, None, None, root))
+        self._enter(Kind.BROADCAST, error, True, call)
+        pickle_error: Optional[BaseException] = None
         try:
+            if is_root or self._size == 1:
+                values, payload, pickle_error = root_header(data)
             if self._size == 1:
-                if not is_array:
-                    # Same errors at world size 1 as at N: the object must pickle.
-                    self._broadcast_header(data, np.zeros(_HEADER_LEN, dtype=np.int64))
-                    if self._pickle_error is not None:
-                        raise TypeError(f"rank 0: broadcast from root 0: the root's object "
-                                        f"cannot be pickled: {self._pickle_error}"
-                                        ) from self._pickle_error
+                # Same errors at world size 1 as at N: the object must pickle.
+                if pickle_error is not None:
+                    raise TypeError(f"rank 0: broadcast from root 0: the root's object cannot "
+                                    f"be pickled: {pickle_error}") from pickle_error
                 return data
-            header = np.zeros(_HEADER_LEN, dtype=np.int64)
-            payload = self._broadcast_header(data, header) if is_root else None
+            header = self._header
+            if is_root:
+                header[:] = values
             self._comm.Bcast(header, root=root)
-            mode = int(header[0])
-            if mode == _MODE_ARRAY:
-                return self._broadcast_array(data, header, root)
-            if payload is None:
-                payload = bytearray(int(header[1]))
+            h = header.tolist()
+            if h[0] == ARRAY:
+                return self._broadcast_array(data, h, root)
+            if not is_root:
+                payload = bytearray(h[1])
             self._comm.Bcast([payload, MPI.BYTE], root=root)
         except MPI.Exception as exc:
             raise self._failure(exc) from exc
         finally:
             self._leave()
-        if mode == _MODE_ERROR:
-            message = (f"rank {self._rank}: broadcast from root {root}: the root's object "
-                       f"cannot be pickled: {bytes(payload).decode(errors='replace')}")
-            raise TypeError(message) from (self._pickle_error if is_root else None)
-        if is_root:
+        if h[0] == ERROR:
+            raise TypeError(f"rank {self._rank}: broadcast from root {root}: the root's object "
+                            f"cannot be pickled: {bytes(payload).decode(errors='replace')}"
+                            ) from pickle_error
+        return data if is_root else pickle.loads(payload)
+
+    def _broadcast_array(self, data: Any, header: list, root: int) -> np.ndarray:
+        if self._rank == root:
+            if header[3] > INLINE_DIMS:
+                self._comm.Bcast(np.array(data.shape, dtype=np.int64), root=root)
+            self._comm.Bcast(data, root=root)
             return data
-        return pickle.loads(payload)
-
-    def _broadcast_header(self, data: Any, header: np.ndarray) -> Optional[bytes]:
-        """Fill the root's header; return the pickled payload (None for arrays)."""
-        self._pickle_error = None
-        if isinstance(data, np.ndarray):
-            header[0], header[1] = _MODE_ARRAY, data.nbytes
-            header[2], header[3] = dtype_code(data.dtype), data.ndim
-            header[4:4 + data.ndim] = data.shape
-            return None
-        try:
-            payload = pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
-            header[0] = _MODE_OBJECT
-        except Exception as exc:  # pickling raises many types
-            self._pickle_error = exc
-            payload = f"{type(data).__name__}: {type(exc).__name__}: {exc}".encode()
-            header[0] = _MODE_ERROR
-        header[1] = len(payload)
-        return payload
-
-    def _broadcast_array(self, data: Any, header: np.ndarray, root: int) -> np.ndarray:
-        dtype = DTYPES[int(header[2]) - 1]
-        shape = tuple(int(s) for s in header[4:4 + int(header[3])])
-        if self._rank == root or (isinstance(data, np.ndarray)
-                                  and data.dtype == dtype and data.shape == shape):
+        shape = inline_shape(header)
+        if shape is None:
+            full = np.empty(header[3], dtype=np.int64)
+            self._comm.Bcast(full, root=root)
+            shape = tuple(full.tolist())
+        dtype = header_dtype(header)
+        if isinstance(data, np.ndarray) and data.shape == shape and data.dtype == dtype:
             self._comm.Bcast(data, root=root)
             return data
         out = np.empty(shape, dtype=dtype)
@@ -261,9 +244,9 @@ class MpiEngine(Engine):
 
     def allgather(self, data: np.ndarray) -> np.ndarray:
         error = check_allgather(data)
-        self._enter(Kind.ALLGATHER, error, True, lambda: dict(
-            dtype=dtype_code(data.dtype), dtype_text=str(data.dtype),
-            shape=("*",) + data.shape[1:]))
+        self._enter(Kind.ALLGATHER, error, True,
+                    (None, data.dtype, (-1,) + data.shape[1:], None)
+                    if self._check and error is None else None)
         try:
             if self._size == 1:
                 return data.copy()
@@ -337,13 +320,12 @@ class MpiEngine(Engine):
 
     # ---------------------------------------------------------- call framing
     def _enter(self, kind: int, error: Optional[BaseException], numbered: bool,
-               fields: Optional[Callable[[], Dict[str, Any]]]) -> None:
+               call: Optional[Call]) -> None:
         """Start a collective: number it, arm the watchdog, run the signature
         check. Raises the input's refusal or a mismatch on every rank."""
-        if self._finalized:
-            raise RabitError(f"rank {self._rank}: the engine was finalized; call init() again")
-        if self._broken is not None:
-            raise RabitError(self._broken)
+        if self._broken is not None or self._finalized:
+            raise RabitError(self._broken or f"rank {self._rank}: the engine was finalized; "
+                                             f"call init() again")
         if error is not None:
             error.args = (f"rank {self._rank}: {error.args[0]}",) + error.args[1:]
         if numbered:
@@ -356,9 +338,7 @@ class MpiEngine(Engine):
         if not self._check:
             return
         try:
-            sig = Signature(self._version, self._seqno, kind, error=error,
-                            **(fields() if fields is not None and error is None else {}))
-            self._agree(sig)
+            self._agree(kind, call, error)
         except MPI.Exception as exc:
             self._leave()
             raise self._failure(exc) from exc
@@ -375,22 +355,23 @@ class MpiEngine(Engine):
         self._enter(kind, error, False, None)
         self._leave()
 
-    def _agree(self, sig: Signature) -> None:
+    def _agree(self, kind: int, call: Optional[Call], error: Optional[BaseException]) -> None:
         """See Note [signature check]."""
-        vec = sig.vector()
+        vec = fill_vector(self._sigvec, call_values(self._version, self._seqno, kind, call, error))
         self._comm.Allreduce(MPI.IN_PLACE, vec, op=MPI.MAX)
-        fields = mismatched_fields(vec)
-        if fields:
-            everyone = self._comm.allgather(sig.describe())
-            message = describe_mismatch(self._rank, sig, fields, everyone)
+        if not agrees(vec):
+            fields = mismatched_fields(vec)
+            mine = call_signature(self._version, self._seqno, kind, call, error)
+            everyone = self._comm.allgather(mine.describe())
+            message = describe_mismatch(self._rank, mine, fields, everyone)
             if any(d["kind"] == "finalize" for d in everyone):
                 # A rank that finalized is gone: nothing more can be agreed with it.
                 self._broken = message
-            if sig.error is not None:
-                raise sig.error
+            if error is not None:
+                raise error
             raise CollectiveMismatchError(message)
-        if sig.error is not None:
-            raise sig.error
+        if error is not None:
+            raise error
 
     # --------------------------------------------------------- failures
     def _failure(self, exc: "MPI.Exception") -> BaseException:

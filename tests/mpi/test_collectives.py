@@ -168,6 +168,15 @@ def test_broadcast_array_from_every_root(session, dtype):
         assert np.array_equal(fresh, source)
 
 
+def test_broadcast_array_of_many_dimensions(session):
+    shape = (2, 1, 3, 1, 2, 1)                # more dimensions than the header carries
+    source = np.arange(12, dtype=np.int32).reshape(shape)
+    got = rabit.broadcast(source.copy() if RANK == 0 else None, 0)
+    assert got.shape == shape and np.array_equal(got, source)
+    buf = source.copy() if RANK == 0 else np.zeros(shape, dtype=np.int32)
+    assert rabit.broadcast(buf, 0) is buf and np.array_equal(buf, source)
+
+
 def test_broadcast_object_from_every_root(session):
     for root in range(SIZE):
         obj = {"root": root, "list": [1, 2.5, "x"], "arr": np.arange(3) * root, "none": None}

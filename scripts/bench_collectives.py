@@ -1,0 +1,263 @@
+"""Benchmark: rabit_py allreduce/broadcast against raw mpi4py, side by side.
+
+    rabit-run -n 2 python scripts/bench_collectives.py [--json out.json] [--plot out.png]
+
+In one job, on the same float32 buffers, for sizes 8 B ... 64 MiB, it times:
+
+- raw mpi4py ``Allreduce`` in place and out of place (the faster is the
+  reference: our in-place API must be compared with MPI's best), and ``Bcast``;
+- ``rabit.allreduce`` and ``rabit.broadcast`` with the signature check off and
+  on (default settings otherwise, so the timeout watchdog is armed);
+- ``xgboost.collective.allreduce`` when xgboost is installed (what XGBoost
+  users run today).
+
+Contenders alternate batch by batch so that machine noise hits them alike. A
+batch's time is that of the slowest rank; the table shows the median over
+batches: latency per call, bus bandwidth (allreduce: 2(n-1)/n x bytes / time,
+broadcast: bytes / time), and the bandwidth ratio to raw mpi4py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+import rabit_py as rabit
+
+SIZES = [8, 64, 512, 4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+TARGET_BATCH_SECONDS = 0.02
+
+WORLD = MPI.COMM_WORLD
+RANK, NRANKS = WORLD.Get_rank(), WORLD.Get_size()
+
+
+class RabitSession:
+    """Keeps one rabit_py session open with the check setting a contender needs
+    (switching happens between batches, outside the timed region)."""
+
+    def __init__(self) -> None:
+        self.check: Optional[bool] = None
+
+    def use(self, check: bool) -> None:
+        if self.check != check:
+            rabit.finalize()
+            rabit.init(engine="mpi", check=check)
+            self.check = check
+
+    def close(self) -> None:
+        rabit.finalize()
+        self.check = None
+
+
+def xgboost_allreduce() -> Optional[Callable[[np.ndarray], object]]:
+    """Start an xgboost collective communicator if xgboost is installed."""
+    try:
+        import xgboost  # noqa: F401
+        from xgboost import collective
+        from xgboost.tracker import RabitTracker
+    except ImportError:
+        return None
+    tracker = None
+    if RANK == 0:
+        tracker = RabitTracker(host_ip="127.0.0.1", n_workers=NRANKS)
+        tracker.start()
+        args = tracker.worker_args()
+    else:
+        args = None
+    args = WORLD.bcast(args, root=0)
+    collective.init(**args)
+    xgboost_allreduce.tracker = tracker  # type: ignore[attr-defined]
+
+    def run(buf: np.ndarray) -> object:
+        return collective.allreduce(buf, collective.Op.SUM)
+
+    return run
+
+
+def contenders(session: RabitSession, xgb: Optional[Callable]) -> Dict[str, tuple]:
+    """name -> (kind, setup, call). ``setup`` runs before each batch, untimed."""
+    def raw_inplace(buf, out):
+        WORLD.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+    def raw_outofplace(buf, out):
+        WORLD.Allreduce(buf, out, op=MPI.SUM)
+
+    def rabit_allreduce(buf, out):
+        rabit.allreduce(buf, rabit.Op.SUM)
+
+    def raw_bcast(buf, out):
+        WORLD.Bcast(buf, root=0)
+
+    def rabit_bcast(buf, out):
+        rabit.broadcast(buf, 0)
+
+    def nothing():
+        pass
+
+    table = {
+        "mpi4py Allreduce in-place": ("allreduce", nothing, raw_inplace),
+        "mpi4py Allreduce out-of-place": ("allreduce", nothing, raw_outofplace),
+        "rabit allreduce check=off": ("allreduce", lambda: session.use(False), rabit_allreduce),
+        "rabit allreduce check=on": ("allreduce", lambda: session.use(True), rabit_allreduce),
+        "mpi4py Bcast": ("broadcast", nothing, raw_bcast),
+        "rabit broadcast check=off": ("broadcast", lambda: session.use(False), rabit_bcast),
+        "rabit broadcast check=on": ("broadcast", lambda: session.use(True), rabit_bcast),
+    }
+    if xgb is not None:
+        table["xgboost.collective allreduce"] = ("allreduce", nothing,
+                                                 lambda buf, out: xgb(buf))
+    return table
+
+
+def time_batch(call: Callable, buf: np.ndarray, out: np.ndarray, iterations: int) -> float:
+    """Seconds per call on the slowest rank, for one batch."""
+    WORLD.Barrier()
+    start = time.perf_counter()
+    for _ in range(iterations):
+        call(buf, out)
+    elapsed = (time.perf_counter() - start) / iterations
+    return WORLD.allreduce(elapsed, op=MPI.MAX)
+
+
+def measure(nbytes: int, table: Dict[str, tuple], batches: int) -> Dict[str, float]:
+    count = max(1, nbytes // 4)
+    buf = np.ones(count, dtype=np.float32)
+    out = np.empty_like(buf)
+    # Calibrate on raw MPI so that every contender runs the same iterations.
+    probe = time_batch(table["mpi4py Allreduce in-place"][2], buf, out, 3)
+    iterations = int(max(2, min(2000, TARGET_BATCH_SECONDS / max(probe, 1e-7))))
+    iterations = WORLD.bcast(iterations, root=0)
+    samples: Dict[str, List[float]] = {name: [] for name in table}
+    for _ in range(batches):
+        for name, (_, setup, call) in table.items():
+            setup()
+            buf.fill(1.0)
+            call(buf, out)                   # warm-up, untimed
+            samples[name].append(time_batch(call, buf, out, iterations))
+    return {name: float(np.median(s)) for name, s in samples.items()}
+
+
+def bus_bandwidth(kind: str, nbytes: int, seconds: float) -> float:
+    factor = 2 * (NRANKS - 1) / NRANKS if kind == "allreduce" else 1.0
+    return factor * nbytes / seconds / 1e9
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def report(rows: List[dict], names: List[str]) -> str:
+    lines = []
+    for kind, raw_names, ours in (
+            ("allreduce", ["mpi4py Allreduce in-place", "mpi4py Allreduce out-of-place"],
+             ["rabit allreduce check=off", "rabit allreduce check=on",
+              "xgboost.collective allreduce"]),
+            ("broadcast", ["mpi4py Bcast"],
+             ["rabit broadcast check=off", "rabit broadcast check=on"])):
+        ours = [n for n in ours if n in names]
+        head = (f"{'size':>8} | {'raw best us':>11} {'GB/s':>6} | "
+                + " | ".join(f"{n.replace('rabit ', '').replace(kind, '').strip()[:22]:>22} us "
+                             f"{'GB/s':>6} {'x raw':>6}" for n in ours)
+                + f" | {'check cost us':>13}")
+        lines += [f"\n{kind} float32 SUM, {NRANKS} ranks (median of batches, slowest rank)",
+                  head, "-" * len(head)]
+        for row in rows:
+            t = row["seconds"]
+            raw = min(t[n] for n in raw_names)
+            cells = [f"{human(row['bytes']):>8} | {raw * 1e6:11.1f} "
+                     f"{bus_bandwidth(kind, row['bytes'], raw):6.2f}"]
+            for n in ours:
+                cells.append(f"{t[n] * 1e6:25.1f} {bus_bandwidth(kind, row['bytes'], t[n]):6.2f} "
+                             f"{raw / t[n]:6.2f}")
+            cost = (t[f"rabit {kind} check=on"] - t[f"rabit {kind} check=off"]) * 1e6
+            lines.append(" | ".join(cells) + f" | {cost:13.1f}")
+    return "\n".join(lines)
+
+
+def plot(rows: List[dict], names: List[str], kinds: Dict[str, str], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for ax, kind in zip(axes, ("allreduce", "broadcast")):
+        for name in names:
+            if kinds[name] != kind:
+                continue
+            xs = [r["bytes"] for r in rows]
+            ys = [bus_bandwidth(kind, r["bytes"], r["seconds"][name]) for r in rows]
+            ax.plot(xs, ys, marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.set_title(f"{kind}, float32, {NRANKS} ranks")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", default="bench-results/collectives.json",
+                        help="where to write the figures (default: %(default)s)")
+    parser.add_argument("--plot", nargs="?", const="bench-results/collectives.png",
+                        help="draw bandwidth vs size to this PNG")
+    parser.add_argument("--batches", type=int, default=11, help="batches per size")
+    parser.add_argument("--max-bytes", type=int, default=64 << 20)
+    parser.add_argument("--no-xgboost", action="store_true")
+    args = parser.parse_args(argv)
+
+    xgb = None if args.no_xgboost else xgboost_allreduce()
+    session = RabitSession()
+    rabit.init(engine="mpi")
+    session.check = True
+    table = contenders(session, xgb)
+    rows = []
+    for nbytes in [s for s in SIZES if s <= args.max_bytes]:
+        batches = args.batches if nbytes < (16 << 20) else max(5, args.batches // 2)
+        seconds = measure(nbytes, table, batches)
+        rows.append({"bytes": nbytes, "seconds": seconds})
+        if RANK == 0:
+            print(f"  measured {human(nbytes)}", file=sys.stderr, flush=True)
+    session.close()
+    if xgb is not None:
+        from xgboost import collective
+        collective.finalize()
+
+    if RANK == 0:
+        names = list(table)
+        print(report(rows, names))
+        print(f"\n{NRANKS} ranks on {os.cpu_count()} cores"
+              + (" (oversubscribed)" if NRANKS > (os.cpu_count() or 1) else "")
+              + "; ratio = bandwidth relative to the faster raw mpi4py call, >1 is faster")
+        result = {
+            "benchmark": "collectives", "ranks": NRANKS, "cores": os.cpu_count(),
+            "mpi": MPI.Get_library_version().strip(), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "batches": args.batches,
+            "contenders": {n: table[n][0] for n in names}, "rows": rows,
+        }
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1)
+        print(f"wrote {args.json}")
+        if args.plot:
+            plot(rows, names, {n: table[n][0] for n in names}, args.plot)
+            print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
