@@ -1,0 +1,64 @@
+"""Failures that cannot become exceptions end the job quickly, with a message,
+instead of hanging: a timeout without MPI fault tolerance, an uncaught
+exception on one rank, a rank that never calls init()."""
+
+import sys
+import time
+
+from ._proc import rabit_run, run
+
+SKIPPER = """
+import time, numpy as np, rabit_py as rabit
+rabit.init(timeout=2)
+if rabit.get_rank() == 1:
+    time.sleep(60)
+rabit.allreduce(np.zeros(2), rabit.Op.SUM)
+"""
+
+RAISER = """
+import time, numpy as np, rabit_py as rabit
+rabit.init(timeout=60)
+rabit.allreduce(np.zeros(2), rabit.Op.SUM)
+if rabit.get_rank() == 1:
+    raise RuntimeError("bug on rank 1")
+rabit.allreduce(np.zeros(2), rabit.Op.SUM)
+"""
+
+LATE_INIT = """
+import time, rabit_py as rabit
+from mpi4py import MPI
+if MPI.COMM_WORLD.Get_rank() == 1:
+    time.sleep(60)
+rabit.init(timeout=2)
+"""
+
+
+def timed_run(cmd):
+    start = time.monotonic()
+    code, out = run(cmd, timeout=60)
+    return code, out, time.monotonic() - start
+
+
+def test_timeout_without_fault_tolerance_aborts_with_the_message():
+    code, out, elapsed = timed_run(
+        [sys.executable, "-m", "rabit_py.launcher", "-n", "2", "--no-ft", "--",
+         sys.executable, "-c", SKIPPER])
+    assert code != 0
+    assert "CollectiveTimeoutError: rank 0: allreduce #1 (version 0) did not complete within 2 s" in out
+    assert "aborting the job" in out
+    assert elapsed < 30
+
+
+def test_uncaught_exception_on_one_rank_ends_the_job():
+    code, out, elapsed = timed_run(rabit_run(2, sys.executable, "-c", RAISER))
+    assert code != 0
+    assert "RuntimeError: bug on rank 1" in out
+    assert "rank 1: uncaught RuntimeError; aborting the job" in out
+    assert elapsed < 30
+
+
+def test_rank_missing_at_init_aborts():
+    code, out, elapsed = timed_run(rabit_run(2, sys.executable, "-c", LATE_INIT))
+    assert code != 0
+    assert "rank 0: init() did not complete within 2 s" in out
+    assert elapsed < 30
