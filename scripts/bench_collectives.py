@@ -25,7 +25,7 @@ import os
 import platform
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -33,7 +33,7 @@ from mpi4py import MPI
 import rabit_py as rabit
 
 SIZES = [8, 64, 512, 4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
-TARGET_BATCH_SECONDS = 0.02
+TARGET_BATCH_SECONDS = 0.03
 
 WORLD = MPI.COMM_WORLD
 RANK, NRANKS = WORLD.Get_rank(), WORLD.Get_size()
@@ -82,7 +82,7 @@ def xgboost_allreduce() -> Optional[Callable[[np.ndarray], object]]:
     return run
 
 
-def contenders(session: RabitSession, xgb: Optional[Callable]) -> Dict[str, tuple]:
+def contenders(session: RabitSession) -> Dict[str, tuple]:
     """name -> (kind, setup, call). ``setup`` runs before each batch, untimed."""
     def raw_inplace(buf, out):
         WORLD.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
@@ -111,10 +111,22 @@ def contenders(session: RabitSession, xgb: Optional[Callable]) -> Dict[str, tupl
         "rabit broadcast check=off": ("broadcast", lambda: session.use(False), rabit_bcast),
         "rabit broadcast check=on": ("broadcast", lambda: session.use(True), rabit_bcast),
     }
-    if xgb is not None:
-        table["xgboost.collective allreduce"] = ("allreduce", nothing,
-                                                 lambda buf, out: xgb(buf))
     return table
+
+
+XGB_RAW = "mpi4py Allreduce in-place (xgboost phase)"
+XGB = "xgboost.collective allreduce"
+
+
+def xgboost_table(xgb: Callable) -> Dict[str, tuple]:
+    """The peer phase: xgboost's tracker and threads stay out of the main
+    comparison, and raw mpi4py is timed again beside xgboost."""
+    def nothing():
+        pass
+
+    return {XGB_RAW: ("allreduce", nothing,
+                      lambda buf, out: WORLD.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)),
+            XGB: ("allreduce", nothing, lambda buf, out: xgb(buf))}
 
 
 def time_batch(call: Callable, buf: np.ndarray, out: np.ndarray, iterations: int) -> float:
@@ -132,7 +144,7 @@ def measure(nbytes: int, table: Dict[str, tuple], batches: int) -> Dict[str, flo
     buf = np.ones(count, dtype=np.float32)
     out = np.empty_like(buf)
     # Calibrate on raw MPI so that every contender runs the same iterations.
-    probe = time_batch(table["mpi4py Allreduce in-place"][2], buf, out, 3)
+    probe = time_batch(next(iter(table.values()))[2], buf, out, 3)
     iterations = int(max(2, min(2000, TARGET_BATCH_SECONDS / max(probe, 1e-7))))
     iterations = WORLD.bcast(iterations, root=0)
     samples: Dict[str, List[float]] = {name: [] for name in table}
@@ -143,6 +155,13 @@ def measure(nbytes: int, table: Dict[str, tuple], batches: int) -> Dict[str, flo
             call(buf, out)                   # warm-up, untimed
             samples[name].append(time_batch(call, buf, out, iterations))
     return {name: float(np.median(s)) for name, s in samples.items()}
+
+
+def progress(items: list, what: str) -> Iterator:
+    for i, item in enumerate(items):
+        if RANK == 0:
+            print(f"  {what}: {i + 1}/{len(items)}", file=sys.stderr, flush=True)
+        yield item
 
 
 def bus_bandwidth(kind: str, nbytes: int, seconds: float) -> float:
@@ -161,8 +180,7 @@ def report(rows: List[dict], names: List[str]) -> str:
     lines = []
     for kind, raw_names, ours in (
             ("allreduce", ["mpi4py Allreduce in-place", "mpi4py Allreduce out-of-place"],
-             ["rabit allreduce check=off", "rabit allreduce check=on",
-              "xgboost.collective allreduce"]),
+             ["rabit allreduce check=off", "rabit allreduce check=on", XGB]),
             ("broadcast", ["mpi4py Bcast"],
              ["rabit broadcast check=off", "rabit broadcast check=on"])):
         ours = [n for n in ours if n in names]
@@ -170,7 +188,7 @@ def report(rows: List[dict], names: List[str]) -> str:
                 + " | ".join(f"{n.replace('rabit ', '').replace(kind, '').strip()[:22]:>22} us "
                              f"{'GB/s':>6} {'x raw':>6}" for n in ours)
                 + f" | {'check cost us':>13}")
-        lines += [f"\n{kind} float32 SUM, {NRANKS} ranks (median of batches, slowest rank)",
+        lines += [f"\n{kind} float32{' SUM' if kind == 'allreduce' else ''}, {NRANKS} ranks (median of batches, slowest rank)",
                   head, "-" * len(head)]
         for row in rows:
             t = row["seconds"]
@@ -178,8 +196,11 @@ def report(rows: List[dict], names: List[str]) -> str:
             cells = [f"{human(row['bytes']):>8} | {raw * 1e6:11.1f} "
                      f"{bus_bandwidth(kind, row['bytes'], raw):6.2f}"]
             for n in ours:
+                if n == XGB:
+                    raw = t[XGB_RAW]
                 cells.append(f"{t[n] * 1e6:25.1f} {bus_bandwidth(kind, row['bytes'], t[n]):6.2f} "
                              f"{raw / t[n]:6.2f}")
+            raw = min(t[n] for n in raw_names)
             cost = (t[f"rabit {kind} check=on"] - t[f"rabit {kind} check=off"]) * 1e6
             lines.append(" | ".join(cells) + f" | {cost:13.1f}")
     return "\n".join(lines)
@@ -215,25 +236,25 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="where to write the figures (default: %(default)s)")
     parser.add_argument("--plot", nargs="?", const="bench-results/collectives.png",
                         help="draw bandwidth vs size to this PNG")
-    parser.add_argument("--batches", type=int, default=11, help="batches per size")
+    parser.add_argument("--batches", type=int, default=15, help="batches per size")
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
     parser.add_argument("--no-xgboost", action="store_true")
     args = parser.parse_args(argv)
 
-    xgb = None if args.no_xgboost else xgboost_allreduce()
     session = RabitSession()
     rabit.init(engine="mpi")
     session.check = True
-    table = contenders(session, xgb)
-    rows = []
-    for nbytes in [s for s in SIZES if s <= args.max_bytes]:
-        batches = args.batches if nbytes < (16 << 20) else max(5, args.batches // 2)
-        seconds = measure(nbytes, table, batches)
-        rows.append({"bytes": nbytes, "seconds": seconds})
-        if RANK == 0:
-            print(f"  measured {human(nbytes)}", file=sys.stderr, flush=True)
+    table = contenders(session)
+    sizes = [s for s in SIZES if s <= args.max_bytes]
+    rows = [{"bytes": nbytes, "seconds": measure(nbytes, table, args.batches)}
+            for nbytes in progress(sizes, "rabit_py vs mpi4py")]
     session.close()
+    xgb = None if args.no_xgboost else xgboost_allreduce()
     if xgb is not None:
+        peer = xgboost_table(xgb)
+        table.update(peer)
+        for row in progress(rows, "xgboost vs mpi4py"):
+            row["seconds"].update(measure(row["bytes"], peer, args.batches))
         from xgboost import collective
         collective.finalize()
 

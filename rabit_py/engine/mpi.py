@@ -108,6 +108,7 @@ class MpiEngine(Engine):
         self._token: tuple = (0, 0, 0)  # (kind, version, seqno) of the current call
         self._sigvec = np.empty(2 * N_FIELDS, dtype=np.int64)
         self._header = np.zeros(HEADER_LEN, dtype=np.int64)
+        self._header_sent: Optional[list] = None   # what _header holds, if we sent it
         self._watchdog = (Watchdog(config.timeout, self._on_timeout)
                           if config.timeout > 0 and self._size > 1 else None)
         self._saved_excepthook = None
@@ -199,7 +200,11 @@ class MpiEngine(Engine):
                 return data
             header = self._header
             if is_root:
-                header[:] = values
+                if values != self._header_sent:
+                    header[:] = values
+                    self._header_sent = values
+            else:
+                self._header_sent = None       # the Bcast below overwrites it
             self._comm.Bcast(header, root=root)
             h = header.tolist()
             if h[0] == ARRAY:
