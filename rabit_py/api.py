@@ -195,8 +195,9 @@ def allgather(data: np.ndarray) -> np.ndarray:
     Collective: every rank must call it in the same order.
 
     Args:
-        data: a C-contiguous array with ``ndim >= 1``; the first dimension may
-            differ between ranks, the dtype and trailing shape may not.
+        data: an array with ``ndim >= 1`` (only read: views and read-only
+            arrays are fine); the first dimension may differ between ranks,
+            the dtype and trailing shape may not.
 
     Returns:
         A new array holding all ranks' rows.

@@ -26,7 +26,8 @@ def run(cmd: List[str], timeout: float, env: Optional[dict] = None) -> Tuple[int
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        raise AssertionError(f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-6000:]}")
+        raise AssertionError(
+            f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-6000:]}") from None
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)     # leftovers of the job, if any

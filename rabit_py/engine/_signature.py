@@ -211,7 +211,8 @@ def describe_mismatch(rank: int, mine: Signature, fields: Sequence[str],
 
 
 def _shape_text(shape: Tuple[int, ...]) -> str:
-    return "(" + ", ".join("*" if d == -1 else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+    dims = ["*" if d == -1 else str(d) for d in shape]
+    return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
 
 
 def _ranks(ranks: Sequence[int]) -> str:

@@ -16,18 +16,20 @@ from ..ops import DTYPES, OpLike, check_op_dtype, dtype_code
 __all__ = ["check_allreduce", "check_array_broadcast", "check_allgather", "check_root"]
 
 
-def _check_array(data: Any, call: str, writeable: bool) -> Optional[BaseException]:
+def _check_array(data: Any, call: str, in_place: bool) -> Optional[BaseException]:
+    """``in_place``: the result is written into ``data``, which must then be a
+    writeable C-contiguous buffer (a copy would silently not be updated)."""
     if not isinstance(data, np.ndarray):
         return TypeError(f"{call} needs a NumPy array, got {type(data).__name__}")
     flags = data.flags
-    if flags.c_contiguous and (flags.writeable or not writeable) and data.dtype in _SUPPORTED:
+    if (not in_place or (flags.c_contiguous and flags.writeable)) and data.dtype in _SUPPORTED:
         return None     # the common case, decided in a few hundred nanoseconds
-    if not flags.c_contiguous:
+    if in_place and not flags.c_contiguous:
         return ValueError(
             f"{call} works in place on C-contiguous arrays; this array is a strided view. "
             f"Reduce a copy and assign it back: tmp = np.ascontiguousarray(a); "
             f"rabit.{call}(tmp, ...); a[...] = tmp")
-    if writeable and not flags.writeable:
+    if in_place and not flags.writeable:
         return ValueError(f"{call} writes its result into the array, which is read-only; "
                           f"pass a writeable copy (a.copy())")
     if dtype_code(data.dtype) == 0:
@@ -39,7 +41,7 @@ def _check_array(data: Any, call: str, writeable: bool) -> Optional[BaseExceptio
 
 def check_allreduce(data: Any, op: OpLike) -> Optional[BaseException]:
     """Why ``allreduce(data, op)`` is refused, or None."""
-    error = _check_array(data, "allreduce", writeable=True)
+    error = _check_array(data, "allreduce", in_place=True)
     if error is not None:
         return error
     if type(op) is int and (op, data.dtype) in _VALID_PAIRS:
@@ -81,12 +83,13 @@ def check_root(root: Any, world_size: int) -> Optional[BaseException]:
 
 def check_array_broadcast(data: np.ndarray) -> Optional[BaseException]:
     """Why an array cannot be broadcast in place, or None."""
-    return _check_array(data, "broadcast", writeable=True)
+    return _check_array(data, "broadcast", in_place=True)
 
 
 def check_allgather(data: Any) -> Optional[BaseException]:
-    """Why ``allgather(data)`` is refused, or None. Read-only input is fine."""
-    error = _check_array(data, "allgather", writeable=False)
+    """Why ``allgather(data)`` is refused, or None. The input is only read:
+    read-only arrays and strided views are fine (views are copied)."""
+    error = _check_array(data, "allgather", in_place=False)
     if error is None and data.ndim == 0:
         error = ValueError("allgather concatenates along axis 0 and needs an array with "
                            "ndim >= 1; wrap a scalar as np.array([x])")

@@ -14,7 +14,7 @@ import logging
 import os
 import pickle
 import sys
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -255,6 +255,7 @@ class MpiEngine(Engine):
         try:
             if self._size == 1:
                 return data.copy()
+            data = np.ascontiguousarray(data)
             counts = np.empty(self._size, dtype=np.int64)
             self._comm.Allgather(np.array([data.shape[0]], dtype=np.int64), counts)
             row = int(np.prod(data.shape[1:], dtype=np.int64))

@@ -123,11 +123,13 @@ def test_custom_reducer_commutative(session):
         seen_shapes.append((a.shape, b.shape))
         return np.where(np.abs(a) >= np.abs(b), a, b)
 
+    def part(r):   # magnitudes differ between ranks: no ties, so absmax commutes
+        return (np.arange(12, dtype=np.float64).reshape(3, 4) - 5) * (1 if r % 2 else -1) * (r + 1)
+
     op = Op.create(absmax)
-    data = (np.arange(12, dtype=np.float64).reshape(3, 4) - 5) * (1 if RANK % 2 else -1) * (RANK + 1)
+    data = part(RANK)
     rabit.allreduce(data, op)
-    parts = [(np.arange(12, dtype=np.float64).reshape(3, 4) - 5) * (1 if r % 2 else -1) * (r + 1)
-             for r in range(SIZE)]
+    parts = [part(r) for r in range(SIZE)]
     want = parts[0]
     for p in parts[1:]:
         want = np.where(np.abs(want) >= np.abs(p), want, p)
@@ -208,6 +210,20 @@ def test_allgather_1d_and_readonly_input(session):
     out = rabit.allgather(data)
     assert np.array_equal(out, np.concatenate([np.arange(r + 2, dtype=np.int16)
                                                for r in range(SIZE)]))
+
+
+def test_allgather_strided_view(session):
+    block = np.arange(12, dtype=np.float64).reshape(3, 4) + 100 * RANK
+    out = rabit.allgather(block[:, ::2])    # a strided view is copied, not refused
+    want = np.concatenate([(np.arange(12.0).reshape(3, 4) + 100 * r)[:, ::2]
+                           for r in range(SIZE)])
+    assert np.array_equal(out, want)
+
+
+def test_init_refuses_a_non_communicator():
+    with pytest.raises(TypeError, match="comm must be an mpi4py intra-communicator"):
+        rabit.init(engine="mpi", comm="COMM_WORLD")
+    assert not rabit.is_distributed()
 
 
 def test_checkpoint_roundtrip(session):

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from rabit_py.config import Config
@@ -43,5 +45,5 @@ def test_unknown_variable_warns():
 
 def test_frozen():
     cfg = Config.from_env({})
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.timeout = 1  # type: ignore[misc]

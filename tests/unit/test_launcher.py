@@ -56,7 +56,8 @@ def test_missing_mpirun_is_explained(capsys):
 def test_dry_run_prints_the_command(capsys):
     assert launcher.main(["-n", "2", "--dry-run", "--", "python", "my script.py"]) == 0
     printed = shlex.split(capsys.readouterr().out)
-    assert printed[1:4] == ["-n", "2", "--oversubscribe"] and printed[-2:] == ["python", "my script.py"]
+    assert printed[1:4] == ["-n", "2", "--oversubscribe"]
+    assert printed[-2:] == ["python", "my script.py"]
 
 
 def test_runs_a_job_and_passes_its_exit_code():
