@@ -65,13 +65,22 @@ def init(engine: str = "auto", comm: Optional[Any] = None, **config: Any) -> Non
 
 
 def _make_engine(cfg: Config, comm: Optional[Any]) -> Engine:
+    from .engine.mpi import MpiEngine, ulfm_enabled
+    from .engine._repair import is_replacement
+
     name = cfg.engine
-    if name in ("robust", "mock"):
-        raise RabitError(
-            f"engine={name!r} is not available in this version of rabit_py; "
-            f"use engine='mpi' (or 'auto')")
-    # "auto": the robust engine will be chosen where ULFM is enabled once it exists.
-    from .engine.mpi import MpiEngine
+    if name == "auto":
+        # A replacement process is robust by definition; otherwise recovery
+        # needs the job to have been started with fault tolerance.
+        name = "robust" if (ulfm_enabled() or is_replacement()) else "mpi"
+        log.debug("engine='auto' chose %r (MPI fault tolerance %s)", name,
+                  "on" if ulfm_enabled() else "off")
+    if name == "mock":
+        from .engine.mock import MockEngine
+        return MockEngine(cfg, comm)
+    if name == "robust":
+        from .engine.robust import RobustEngine
+        return RobustEngine(cfg, comm)
     return MpiEngine(cfg, comm)
 
 

@@ -37,6 +37,10 @@ class Config:
             ``"mock"`` engine (``RABIT_MOCK``).
         checkpoint_dir: directory for durable checkpoints (``RABIT_CHECKPOINT_DIR``).
         log_level: level of the ``rabit_py`` logger (``RABIT_LOG_LEVEL``).
+        replicas: extra copies of each rank's local model kept on its ring
+            neighbours by the robust engine (``RABIT_REPLICAS``, default 1).
+        max_recoveries: recoveries allowed in one job before the robust engine
+            gives up with ``RecoveryError`` (``RABIT_MAX_RECOVERIES``, default 10).
     """
 
     engine: str = "auto"
@@ -45,6 +49,8 @@ class Config:
     mock: str = ""
     checkpoint_dir: Optional[str] = None
     log_level: str = "WARNING"
+    replicas: int = 1
+    max_recoveries: int = 10
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -55,6 +61,10 @@ class Config:
                 f"timeout={self.timeout!r} must be a number of seconds >= 0 (0 = no timeout)")
         if not isinstance(self.check, bool):
             raise TypeError(f"check={self.check!r} must be a bool")
+        for name in ("replicas", "max_recoveries"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r} must be an integer >= 0")
         if self.log_level.upper() not in _LOG_LEVELS:
             raise ValueError(
                 f"log_level={self.log_level!r} is not one of {', '.join(_LOG_LEVELS)}")
@@ -119,6 +129,11 @@ def _parse(type_name: Any, text: str) -> Any:
         if low in _FALSE:
             return False
         raise ValueError("expected 1/0, true/false, yes/no or on/off")
+    if type_name == "int":
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError("expected an integer") from None
     if type_name == "float":
         try:
             return float(text)

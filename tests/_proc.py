@@ -24,13 +24,25 @@ def run(cmd: List[str], timeout: float, env: Optional[dict] = None) -> Tuple[int
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+        _kill_tree(proc.pid)
+        out, _ = proc.communicate(timeout=30)
         raise AssertionError(
             f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-6000:]}") from None
     finally:
+        _kill_tree(proc.pid)                        # leftovers of the job, if any
+    return proc.returncode, out
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s process group and every descendant (MPI ranks run in
+    process groups of their own)."""
+    from rabit_py.launcher import _descendants
+    for child in _descendants(pid):
         try:
-            os.killpg(proc.pid, signal.SIGKILL)     # leftovers of the job, if any
+            os.kill(child, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return proc.returncode, out
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

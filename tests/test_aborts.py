@@ -44,7 +44,7 @@ def test_timeout_without_fault_tolerance_aborts_with_the_message():
         [sys.executable, "-m", "rabit_py.launcher", "-n", "2", "--no-ft", "--",
          sys.executable, "-c", SKIPPER])
     assert code != 0
-    assert ("CollectiveTimeoutError: rank 0: allreduce #1 (version 0) did not complete "
+    assert ("CollectiveTimeoutError: rank 0: allreduce #0 (version 0) did not complete "
             "within 2 s") in out
     assert "aborting the job" in out
     assert elapsed < 30

@@ -14,6 +14,7 @@ import logging
 import os
 import pickle
 import sys
+import time
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -47,6 +48,8 @@ _ERR_PROC_FAILED = getattr(MPI, "ERR_PROC_FAILED", 75)
 _ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
 
 _NO_LAZY = object()
+TIMEOUT_NOTICE_TAG = 7312
+FATAL_NOTICE_TAG = 7313
 
 
 def ulfm_enabled() -> bool:
@@ -84,18 +87,11 @@ class MpiEngine(Engine):
         if guard is not None:
             guard.enter("init")
         try:
-            self._comm = base.Dup()
-            # Control traffic (who is late, after a timeout) must still flow
-            # when the data communicator has been revoked.
-            self._ctrl = base.Dup()
+            self._adopt(base)
         finally:
             if guard is not None:
                 guard.leave()
                 guard.stop()
-        for c in (self._comm, self._ctrl):
-            c.Set_errhandler(MPI.ERRORS_RETURN)
-        self._rank = self._comm.Get_rank()
-        self._size = self._comm.Get_size()
         self._ulfm = ulfm_enabled()
         self._check = config.check and self._size > 1
         self._version = 0
@@ -109,6 +105,7 @@ class MpiEngine(Engine):
         self._sigvec = np.empty(2 * N_FIELDS, dtype=np.int64)
         self._header = np.zeros(HEADER_LEN, dtype=np.int64)
         self._header_sent: Optional[list] = None   # what _header holds, if we sent it
+        self._broadcast_payload: Optional[Any] = None
         self._watchdog = (Watchdog(config.timeout, self._on_timeout)
                           if config.timeout > 0 and self._size > 1 else None)
         self._saved_excepthook = None
@@ -117,6 +114,17 @@ class MpiEngine(Engine):
         if self._watchdog is not None and not self._ulfm:
             log.debug("rank %d: no MPI fault tolerance: a timeout aborts the job "
                       "(launch with rabit-run to get CollectiveTimeoutError instead)", self._rank)
+
+    def _adopt(self, base: Any) -> None:
+        """Run on duplicates of ``base`` (a collective call on it)."""
+        self._comm = base.Dup()
+        # Control traffic (who is late, after a timeout) must still flow when
+        # the data communicator has been revoked.
+        self._ctrl = base.Dup()
+        for c in (self._comm, self._ctrl):
+            c.Set_errhandler(MPI.ERRORS_RETURN)
+        self._rank = self._comm.Get_rank()
+        self._size = self._comm.Get_size()
 
     # ------------------------------------------------------------------ info
     @property
@@ -192,6 +200,7 @@ class MpiEngine(Engine):
         try:
             if is_root or self._size == 1:
                 values, payload, pickle_error = root_header(data)
+            self._broadcast_payload = None
             if self._size == 1:
                 # Same errors at world size 1 as at N: the object must pickle.
                 if pickle_error is not None:
@@ -212,6 +221,7 @@ class MpiEngine(Engine):
             if not is_root:
                 payload = bytearray(h[1])
             self._comm.Bcast([payload, MPI.BYTE], root=root)
+            self._broadcast_payload = payload   # the robust engine caches these bytes
         except MPI.Exception as exc:
             raise self._failure(exc) from exc
         finally:
@@ -296,6 +306,11 @@ class MpiEngine(Engine):
 
     def load_checkpoint(self, with_local: bool = False) -> CheckpointResult:
         self._sync(Kind.LOAD_CHECKPOINT, None)
+        self._seqno = 0    # calls are numbered from here, as after a checkpoint
+        return self._checkpoint_result(with_local)
+
+    def _checkpoint_result(self, with_local: bool) -> CheckpointResult:
+        """The committed checkpoint, as ``load_checkpoint`` returns it."""
         if self._version == 0:
             return (0, None, None) if with_local else (0, None)
         if self._lazy_global is not _NO_LAZY:
@@ -313,7 +328,7 @@ class MpiEngine(Engine):
             return
         try:
             if self._broken is None:
-                self._sync(Kind.FINALIZE, None)
+                self._finalize_sync()
         finally:
             self._finalized = True
             if self._watchdog is not None:
@@ -323,6 +338,9 @@ class MpiEngine(Engine):
             if self._broken is None:
                 self._comm.Free()
                 self._ctrl.Free()
+
+    def _finalize_sync(self) -> None:
+        self._sync(Kind.FINALIZE, None)
 
     # ---------------------------------------------------------- call framing
     def _enter(self, kind: int, error: Optional[BaseException], numbered: bool,
@@ -334,9 +352,11 @@ class MpiEngine(Engine):
                                              f"call init() again")
         if error is not None:
             error.args = (f"rank {self._rank}: {error.args[0]}",) + error.args[1:]
+        # Calls are numbered from 0 after each checkpoint; a checkpoint (or
+        # finalize) carries the number of calls made before it.
+        self._token = (kind, self._version, self._seqno)
         if numbered:
             self._seqno += 1
-        self._token = (kind, self._version, self._seqno)
         if error is not None and not self._check:
             raise error
         if self._watchdog is not None:
@@ -363,11 +383,12 @@ class MpiEngine(Engine):
 
     def _agree(self, kind: int, call: Optional[Call], error: Optional[BaseException]) -> None:
         """See Note [signature check]."""
-        vec = fill_vector(self._sigvec, call_values(self._version, self._seqno, kind, call, error))
+        seq = self._token[2]
+        vec = fill_vector(self._sigvec, call_values(self._version, seq, kind, call, error))
         self._comm.Allreduce(MPI.IN_PLACE, vec, op=MPI.MAX)
         if not agrees(vec):
             fields = mismatched_fields(vec)
-            mine = call_signature(self._version, self._seqno, kind, call, error)
+            mine = call_signature(self._version, seq, kind, call, error)
             everyone = self._comm.allgather(mine.describe())
             message = describe_mismatch(self._rank, mine, fields, everyone)
             if any(d["kind"] == "finalize" for d in everyone):
@@ -395,9 +416,9 @@ class MpiEngine(Engine):
         if error_class in (_ERR_PROC_FAILED, _ERR_REVOKED):
             return self._peer_failed(PeerFailure(
                 f"rank {self._rank}: a peer process failed during "
-                f"{Kind.NAMES.get(self._token[0], '?')} #{self._seqno} "
+                f"{Kind.NAMES.get(self._token[0], '?')} #{self._token[2]} "
                 f"(version {self._version}): {exc.Get_error_string()}", error_class))
-        self._broken = (f"rank {self._rank}: MPI error in collective #{self._seqno} "
+        self._broken = (f"rank {self._rank}: MPI error in collective #{self._token[2]} "
                         f"(version {self._version}): {exc.Get_error_string()}")
         return RabitError(self._broken)
 
@@ -414,10 +435,7 @@ class MpiEngine(Engine):
     def _on_timeout(self, token: tuple) -> None:
         """Watchdog thread: a call overstayed (see Note [timeouts])."""
         if self._ulfm:
-            try:
-                self._comm.Revoke()
-            except Exception:  # noqa: BLE001 - nothing better to do from this thread
-                log.exception("rank %d: revoking the communicator failed", self._rank)
+            self._announce(TIMEOUT_NOTICE_TAG)
             return
         positions = exchange_positions(self._ctrl, self._rank, self._size,
                                        (token[1], token[2], token[0], 1), self._grace())
@@ -428,6 +446,41 @@ class MpiEngine(Engine):
             f"--with-ft ulfm) to get a CollectiveTimeoutError exception instead.\n")
         sys.stderr.flush()
         self._comm.Abort(1)
+
+    def _announce(self, tag: int) -> None:
+        """Tell every peer why this rank is about to break the job (a timeout, or
+        an uncaught exception), then revoke the communicator to wake them.
+
+        With ULFM, MPI_Abort does not reliably end a job whose ranks are busy
+        recovering: the peers must learn, while this rank is still alive, that
+        this is not a failure to recover from (they look with ``Iprobe``).
+        """
+        if not self._ulfm or self._size == 1:
+            return
+        try:
+            notice = np.array([self._rank], dtype=np.int64)
+            for peer in range(self._size):
+                if peer != self._rank:
+                    self._ctrl.Isend(notice, dest=peer, tag=tag)
+            self._comm.Revoke()
+            if tag == FATAL_NOTICE_TAG:
+                time.sleep(1.0)     # let the peers see the revoke while we are alive
+        except Exception:  # noqa: BLE001 - best effort on a job that is ending
+            log.exception("rank %d: announcing the end of the job failed", self._rank)
+
+    def _notice(self, wait: float = 0.05) -> Optional[int]:
+        """The tag of a peer's notice (fatal first), looking for ``wait`` seconds."""
+        deadline = time.monotonic() + wait
+        while True:
+            for tag in (FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG):
+                try:
+                    if self._ctrl.Iprobe(source=MPI.ANY_SOURCE, tag=tag):
+                        return tag
+                except MPI.Exception:   # a dead peer on the control communicator
+                    return None
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.002)
 
     def _timeout_message(self, token: tuple, positions: Dict[int, Position]) -> str:
         kind, version, seqno = token
@@ -464,14 +517,14 @@ class MpiEngine(Engine):
         # ULFM a non-zero exit is not even detected): end the whole job at once,
         # with the traceback. A replacement would only repeat the bug.
         previous = sys.excepthook
-        comm = self._comm
 
         def hook(exc_type: Any, exc: Any, tb: Any) -> None:
             previous(exc_type, exc, tb)
             sys.stderr.write(f"rabit_py: rank {self._rank}: uncaught {exc_type.__name__}; "
                              f"aborting the job so the other ranks do not wait for it\n")
             sys.stderr.flush()
-            comm.Abort(1)
+            self._announce(FATAL_NOTICE_TAG)
+            self._comm.Abort(1)
 
         self._saved_excepthook = previous
         sys.excepthook = hook

@@ -88,8 +88,7 @@ def test_extra_call_before_checkpoint_is_caught():
             else:
                 rabit.checkpoint({"v": 1})
         message = str(info.value)
-        assert "  call number: #1 on rank" in message and f"#2 on rank {ODD}" in message
-        assert "  call: checkpoint on rank" in message
+        assert "  call: checkpoint on rank" in message and f"allreduce on rank {ODD}" in message
         assert rabit.version_number() == 0
     finally:
         # The ranks are now one call apart: finalize says so on every rank.
@@ -192,13 +191,13 @@ def test_timeout_names_the_rank_that_did_not_arrive():
             time.sleep(4)                    # never arrives in time
             with pytest.raises(CollectiveTimeoutError) as info:
                 rabit.allreduce(np.zeros(2), Op.SUM)
-            assert f"rank {RANK}: allreduce #2 (version 0) was aborted" in str(info.value)
+            assert f"rank {RANK}: allreduce #1 (version 0) was aborted" in str(info.value)
         else:
             with pytest.raises(CollectiveTimeoutError) as info:
                 rabit.allreduce(np.zeros(2), Op.SUM)
             elapsed = time.monotonic() - start
             message = str(info.value)
-            assert message.startswith(f"rank {RANK}: allreduce #2 (version 0)"), message
+            assert message.startswith(f"rank {RANK}: allreduce #1 (version 0)"), message
             assert f"Rank(s) {ODD} did not arrive" in message, message
             assert elapsed < 10, elapsed
         # the engine is unusable afterwards, and says so

@@ -47,3 +47,12 @@ def test_frozen():
     cfg = Config.from_env({})
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.timeout = 1  # type: ignore[misc]
+
+
+def test_robust_settings():
+    cfg = Config.from_env({"RABIT_REPLICAS": "2", "RABIT_MAX_RECOVERIES": "3"})
+    assert (cfg.replicas, cfg.max_recoveries) == (2, 3)
+    with pytest.raises(ValueError, match="RABIT_REPLICAS='two': expected an integer"):
+        Config.from_env({"RABIT_REPLICAS": "two"})
+    with pytest.raises(ValueError, match="max_recoveries=-1 must be an integer >= 0"):
+        Config.from_env({}, max_recoveries=-1)

@@ -1,0 +1,96 @@
+"""The result cache of the robust engine.
+
+# Note [result cache]
+Every rank keeps a copy of the result of every collective since the last
+checkpoint, keyed by ``(epoch, seqno)``, so that a replacement can replay its
+calls from any survivor: one survivor is enough, so any number of simultaneous
+failures is covered. Epoch ``BOOT`` holds the calls made before the first
+``load_checkpoint``/``checkpoint`` (Rabit's bootstrap cache, e.g. a config
+broadcast at start-up); it is kept for the whole job. Other epochs are dropped
+when the next checkpoint commits.
+
+Memory: the bytes of the results of the current version (plus the bootstrap
+calls), on every rank. Time: one copy of each result (arrays; broadcast
+objects are kept as the pickled bytes already made). Arrays freed at a commit
+are reused for later results of the same size, so a training loop stops
+allocating after its first version.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+import numpy as np
+
+__all__ = ["BOOT", "Entry", "ResultCache"]
+
+BOOT = -1   # the epoch of calls made before the first load_checkpoint / checkpoint
+
+Key = Tuple[int, int]
+
+
+class Entry(NamedTuple):
+    """A cached result: the call's kind, a description to check a replayed call
+    against (dtype, shape, root, op), and the payload (an array or bytes)."""
+
+    kind: int
+    signature: tuple
+    payload: Any
+
+
+class ResultCache:
+    """Results since the last checkpoint (and of the bootstrap epoch)."""
+
+    def __init__(self) -> None:
+        self._entries: Dict[Key, Entry] = {}
+        self._pool: Dict[Tuple[int, str], List[np.ndarray]] = {}
+        self.nbytes = 0
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: Key) -> Optional[Entry]:
+        """The entry for ``key``, or None."""
+        return self._entries.get(key)
+
+    def put_array(self, key: Key, kind: int, signature: tuple, result: np.ndarray) -> None:
+        """Keep a copy of ``result`` (the caller still owns its array)."""
+        flat = result.reshape(-1)
+        spares = self._pool.get((flat.size, flat.dtype.str))
+        copy = spares.pop() if spares else np.empty_like(flat)
+        np.copyto(copy, flat)
+        self._put(key, Entry(kind, signature, copy.reshape(result.shape)))
+
+    def put_bytes(self, key: Key, kind: int, signature: tuple, payload: bytes) -> None:
+        """Keep immutable bytes as they are."""
+        self._put(key, Entry(kind, signature, payload))
+
+    def put_entry(self, key: Key, entry: Entry) -> None:
+        """Keep an entry received from a peer during recovery."""
+        self._put(key, entry)
+
+    def _put(self, key: Key, entry: Entry) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.nbytes -= _size(old.payload)
+        self._entries[key] = entry
+        self.nbytes += _size(entry.payload)
+
+    def drop_epochs_before(self, epoch: int) -> None:
+        """Forget every entry of an epoch < ``epoch`` except the bootstrap ones,
+        keeping their arrays for reuse."""
+        for key in [k for k in self._entries if k[0] != BOOT and k[0] < epoch]:
+            entry = self._entries.pop(key)
+            self.nbytes -= _size(entry.payload)
+            if isinstance(entry.payload, np.ndarray):
+                flat = entry.payload.reshape(-1)
+                spares = self._pool.setdefault((flat.size, flat.dtype.str), [])
+                if len(spares) < 64:
+                    spares.append(flat)
+
+
+def _size(payload: Any) -> int:
+    return payload.nbytes if isinstance(payload, np.ndarray) else len(payload)

@@ -1,0 +1,184 @@
+"""Repairing a communicator after failures, with ULFM (see shared/notes/ulfm.md).
+
+# Note [repair]
+Survivors: revoke the broken communicator (so that every rank leaves its
+blocked call), shrink it to the living, learn which ranks died, spawn one
+replacement per dead rank running the same program, merge, and split with the
+old rank numbers as keys, so each replacement gets the number of the rank it
+replaces and the world size is restored. Any MPI error on the way (another rank
+died) starts the repair again from the communicator in hand.
+
+Replacements: ``MPI.Comm.Get_parent()`` is not null; they merge with the
+survivors, receive the job's state (which ranks they replace and the
+the recovery counters) from survivor 0, and split like the survivors. A
+replacement that fails while joining kills itself (SIGKILL), so that the
+survivors see a dead rank and replace it again instead of waiting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from mpi4py import MPI
+
+from ..errors import RecoveryError
+
+__all__ = ["JoinState", "RepairTimes", "repair", "join_as_replacement", "is_replacement",
+           "spawn_command"]
+
+log = logging.getLogger("rabit_py")
+
+
+@dataclasses.dataclass
+class JoinState:
+    """What survivor 0 tells the replacements when they join."""
+
+    dead: List[int]                  # old ranks being replaced, in spawn order
+    trials: Dict[int, int]           # rank -> times it has been replaced
+    recoveries: int                  # recoveries so far in this job
+
+
+@dataclasses.dataclass
+class RepairTimes:
+    """Seconds spent in each step of the last repair (for the benchmark)."""
+
+    shrink: float = 0.0
+    spawn: float = 0.0
+    merge: float = 0.0
+    attempts: int = 0
+
+
+def spawn_command() -> Tuple[str, List[str]]:
+    """The interpreter and arguments that started this program."""
+    argv = list(getattr(sys, "orig_argv", []) or [sys.executable] + sys.argv)
+    return sys.executable, argv[1:]
+
+
+def _spawn_info() -> "MPI.Info":
+    info = MPI.Info.Create()
+    info.Set("wdir", os.getcwd())
+    # The replacement is started by the MPI daemon, whose environment is not
+    # ours: pass the settings and the import path explicitly.
+    passed = [f"{k}={v}" for k, v in os.environ.items()
+              if (k.startswith("RABIT_") or k in ("PYTHONPATH", "PYTHONHASHSEED"))
+              and "\n" not in v]
+    if passed:
+        info.Set("PMIX_ENVAR", "\n".join(passed))
+    return info
+
+
+def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
+           make_state: Any, times: RepairTimes, max_attempts: int = 10
+           ) -> Tuple["MPI.Intracomm", List[int]]:
+    """Survivor side of Note [repair].
+
+    Args:
+        comm: the broken communicator (ranks numbered as in the job).
+        my_rank: this process's rank in the job.
+        size: the job's world size.
+        make_state: ``make_state(dead) -> JoinState`` on survivor 0.
+        times: filled with the time of each step.
+
+    Returns:
+        The repaired communicator (size ``size``, this process at ``my_rank``)
+        and the ranks that were replaced.
+
+    Raises:
+        RecoveryError: the repair failed ``max_attempts`` times in a row.
+    """
+    current = comm
+    replaced: List[int] = []
+    last_error: Optional[BaseException] = None
+    for attempt in range(1, max_attempts + 1):
+        times.attempts = attempt
+        shrunk = None
+        try:
+            try:
+                current.Revoke()
+            except MPI.Exception:
+                pass
+            t0 = time.perf_counter()
+            shrunk = current.Shrink()
+            shrunk.Set_errhandler(MPI.ERRORS_RETURN)
+            alive = shrunk.allgather(my_rank)
+            dead = sorted(set(range(size)) - set(alive))
+            times.shrink += time.perf_counter() - t0
+            if not dead:
+                # Revoked without a death (e.g. a timeout elsewhere): same members.
+                new = shrunk.Split(0, key=my_rank)
+                new.Set_errhandler(MPI.ERRORS_RETURN)
+                shrunk.Free()
+                return new, replaced
+            t0 = time.perf_counter()
+            program, args = spawn_command()
+            inter = shrunk.Spawn(program, args=args, maxprocs=len(dead), root=0,
+                                 info=_spawn_info())
+            times.spawn += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            merged = inter.Merge(high=False)
+            merged.Set_errhandler(MPI.ERRORS_RETURN)
+            state = make_state(dead) if merged.Get_rank() == 0 else None
+            merged.bcast(state, root=0)
+            new = merged.Split(0, key=my_rank)
+            new.Set_errhandler(MPI.ERRORS_RETURN)
+            times.merge += time.perf_counter() - t0
+            if new.Get_size() != size or new.Get_rank() != my_rank:
+                raise RecoveryError(f"rank {my_rank}: the repaired communicator has size "
+                                    f"{new.Get_size()} and puts this process at rank "
+                                    f"{new.Get_rank()}")
+            for c in (inter, merged, shrunk):
+                _free(c)
+            replaced += dead
+            return new, replaced
+        except MPI.Exception as exc:
+            # Another failure during the repair: start over from what we have.
+            last_error = exc
+            log.info("rank %d: repair attempt %d failed (%s); retrying", my_rank, attempt,
+                     exc.Get_error_string())
+            if shrunk is not None:
+                current = shrunk
+    raise RecoveryError(f"rank {my_rank}: could not repair the communicator after "
+                        f"{max_attempts} attempts: {last_error}")
+
+
+def is_replacement() -> bool:
+    """Whether this process was spawned to replace a dead rank."""
+    return MPI.Comm.Get_parent() != MPI.COMM_NULL
+
+
+def join_as_replacement() -> Tuple["MPI.Intracomm", int, JoinState]:
+    """Replacement side of Note [repair].
+
+    Returns:
+        The job's communicator, this process's rank in it, and the join state.
+    """
+    try:
+        parent = MPI.Comm.Get_parent()
+        parent.Set_errhandler(MPI.ERRORS_RETURN)
+        merged = parent.Merge(high=True)
+        merged.Set_errhandler(MPI.ERRORS_RETURN)
+        state: JoinState = merged.bcast(None, root=0)
+        my_rank = state.dead[merged.Get_rank() - parent.Get_remote_size()]
+        comm = merged.Split(0, key=my_rank)
+        comm.Set_errhandler(MPI.ERRORS_RETURN)
+        _free(merged)
+        return comm, my_rank, state
+    except MPI.Exception as exc:
+        sys.stderr.write(f"rabit_py: a replacement could not join the job ({exc}); "
+                         f"ending it so that the survivors replace it again\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise  # unreachable
+
+
+def _free(comm: Any) -> None:
+    try:
+        comm.Free()
+    except Exception:  # noqa: BLE001 - freeing a communicator of a dead job part
+        pass

@@ -1,0 +1,435 @@
+"""RobustEngine: Rabit-style in-job recovery on ULFM.
+
+# Note [robust protocol]
+Every call has a key ``(epoch, seqno)``: the epoch is the version (or ``BOOT``
+before the first ``load_checkpoint``/``checkpoint``), the seqno counts calls
+since then from 0, and a checkpoint or finalize takes the seqno after the last
+collective. Results are cached (Note [result cache] in ``_cache.py``).
+
+A collective that fails with a dead peer (or a revoke) raises ``PeerFailure``
+inside the MPI layer; the call's loop (:meth:`RobustEngine._call`) repairs the
+communicator (Note [repair] in ``_repair.py``) and puts every rank, survivors
+and replacements, in *recovery mode*. In recovery mode each call runs
+*rounds* until it is answered; a round is a fixed sequence of collectives, so
+ranks standing at different calls stay matched (Rabit's ``RecoverExec``):
+
+1. summary: one allreduce of (committed version, smallest requested key);
+2. if someone is in ``load_checkpoint`` (a replacement): a survivor broadcasts
+   the global model, replica holders send each requester its local model,
+   every rank re-replicates its local model; the requesters return;
+3. else the smallest key *s*: if a rank holds its result, it broadcasts it and
+   the ranks at *s* return it (``prepare_fun`` skipped); the others loop;
+4. else every rank is at *s*: they run the call together and leave recovery.
+
+A failure during a round repairs again and resumes the rounds.
+
+Checkpoints are two-phase: each rank stores the new version as pending and
+sends its local model to its ``replicas`` ring successors; then ``Agree``
+commits. ULFM's agreement is uniform (it fails at all ranks or at none), so
+after a failure inside a checkpoint every survivor holds the same committed
+version. ``finalize`` is the same agreement (a shutdown pseudo-checkpoint): a
+peer that dies at the very end is replaced and replays up to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from .._checkpoint import deserialize, serialize
+from ..config import Config
+from ..errors import (CheckpointError, CollectiveMismatchError, PeerFailure, RabitError,
+                      RecoveryError)
+from ..ops import OpLike, op_code
+from ._cache import BOOT, Entry, ResultCache
+from ._repair import JoinState, RepairTimes, is_replacement, join_as_replacement, repair
+from ._signature import Kind
+from ._validate import check_allreduce
+from .base import CheckpointResult, PrepareFn
+from .mpi import (_ERR_PROC_FAILED, _ERR_REVOKED, _NO_LAZY, FATAL_NOTICE_TAG,
+                  TIMEOUT_NOTICE_TAG, MpiEngine, ulfm_enabled)
+
+__all__ = ["RobustEngine"]
+
+log = logging.getLogger("rabit_py")
+
+Key = Tuple[int, int]
+_LOAD = 0                       # request code of load_checkpoint (served first)
+_NO_VERSION = int(np.iinfo(np.int64).min)
+_LOCAL_TAG = 7321
+_SERVED, _WAIT, _EXECUTE = "served", "wait", "execute"
+
+
+def _code(key: Key) -> int:
+    """A key as one int64, ordered like the calls: bootstrap calls first."""
+    return 1 + ((key[0] + 1) << 32) + key[1]
+
+
+def _key(code: int) -> Key:
+    return ((code - 1) >> 32) - 1, (code - 1) & 0xFFFFFFFF
+
+
+class RobustEngine(MpiEngine):
+    """The public API with in-job recovery (see Note [robust protocol]).
+
+    Raises:
+        RabitError: MPI fault tolerance is not enabled; the message says how to
+            launch the job.
+    """
+
+    def __init__(self, config: Config, comm: Optional[Any] = None) -> None:
+        replacement = comm is None and is_replacement()
+        state: Optional[JoinState] = None
+        if replacement:
+            comm, _, state = join_as_replacement()
+        elif not ulfm_enabled():
+            raise RabitError(
+                "engine='robust' needs MPI fault tolerance, which this job was started "
+                "without: launch it with `rabit-run -n N python ...` or `mpirun --with-ft "
+                "ulfm ...`, or use engine='mpi' (no recovery)")
+        super().__init__(config, comm)
+        if replacement:
+            comm.Free()
+        self._cache = ResultCache()
+        self._epoch = BOOT
+        self._recovering = replacement
+        self._has_version = not replacement
+        self._replicas: Dict[int, Optional[bytes]] = {}     # owner rank -> its local blob
+        self._trials: Dict[int, int] = dict(state.trials) if state else {}
+        self._trial = self._trials.get(self._rank, 0)
+        self._recoveries = state.recoveries if state else 0
+        self.repair_times = RepairTimes()
+        if replacement:
+            log.info("rank %d: joined the job as a replacement (trial %d)",
+                     self._rank, self._trial)
+
+    # ------------------------------------------------------------ collectives
+    def allreduce(self, data: np.ndarray, op: OpLike,
+                  prepare_fun: Optional[PrepareFn] = None) -> np.ndarray:
+        key = self._next_key()
+        error = check_allreduce(data, op)
+        signature = (() if error else (Kind.ALLREDUCE, op_code(op), data.dtype.str, data.shape))
+        # An in-place MPI call that fails half-way leaves the buffer half
+        # reduced: keep the input to run the call again, unless prepare_fun
+        # can remake it.
+        backup = (data.copy() if error is None and prepare_fun is None and self._size > 1
+                  else None)
+
+        def execute() -> np.ndarray:
+            if backup is not None:
+                np.copyto(data, backup)
+            self._seqno = key[1]
+            super(RobustEngine, self).allreduce(data, op, prepare_fun)
+            self._cache.put_array(key, Kind.ALLREDUCE, signature, data)
+            return data
+
+        def serve(entry: Entry) -> np.ndarray:
+            np.copyto(data, entry.payload)
+            return data
+
+        return self._call(Kind.ALLREDUCE, key, signature, execute, serve, error)
+
+    def broadcast(self, data: Any, root: int = 0) -> Any:
+        key = self._next_key()
+        is_array = isinstance(data, np.ndarray)
+        signature = (Kind.BROADCAST, root)
+
+        def execute() -> Any:
+            self._seqno = key[1]
+            result = super(RobustEngine, self).broadcast(data, root)
+            if isinstance(result, np.ndarray) and self._broadcast_payload is None:
+                self._cache.put_array(key, Kind.BROADCAST, signature, result)
+            else:
+                self._cache.put_bytes(key, Kind.BROADCAST, signature,
+                                      bytes(self._broadcast_payload or b""))
+            return result
+
+        def serve(entry: Entry) -> Any:
+            payload = entry.payload
+            if not isinstance(payload, np.ndarray):
+                return deserialize(payload, "broadcast result")
+            if is_array and data.shape == payload.shape and data.dtype == payload.dtype:
+                np.copyto(data, payload)
+                return data
+            return payload.copy()
+
+        return self._call(Kind.BROADCAST, key, signature, execute, serve, None)
+
+    def allgather(self, data: np.ndarray) -> np.ndarray:
+        key = self._next_key()
+        signature = (Kind.ALLGATHER,)
+
+        def execute() -> np.ndarray:
+            self._seqno = key[1]
+            result = super(RobustEngine, self).allgather(data)
+            self._cache.put_array(key, Kind.ALLGATHER, signature, result)
+            return result
+
+        return self._call(Kind.ALLGATHER, key, signature, execute,
+                          lambda entry: entry.payload.copy(), None)
+
+    # ------------------------------------------------------------ checkpoints
+    def checkpoint(self, global_model: Any, local_model: Any = None) -> None:
+        error: Optional[BaseException] = None
+        global_blob = local_blob = None
+        try:
+            global_blob = serialize(global_model, "global model")
+            local_blob = None if local_model is None else serialize(local_model, "local model")
+        except CheckpointError as exc:
+            error = exc
+        self._commit_version(global_blob, _NO_LAZY, local_blob, error)
+
+    def lazy_checkpoint(self, global_model: Any) -> None:
+        self._commit_version(None, global_model, None, None)
+
+    def _commit_version(self, global_blob: Optional[bytes], lazy: Any,
+                        local_blob: Optional[bytes], error: Optional[BaseException]) -> None:
+        key = (self._epoch, self._seqno)
+        self._before_call(key[1])
+
+        def execute() -> None:
+            self._sync(Kind.CHECKPOINT, error)
+            replicas = self._guarded(Kind.CHECKPOINT, lambda: self._replicate(local_blob))
+            self._guarded(Kind.CHECKPOINT, lambda: self._comm.Agree(1))
+            # Committed at every living rank (the agreement is uniform).
+            self._global_blob, self._local_blob = global_blob, local_blob
+            self._lazy_global = lazy
+            self._replicas = replicas
+            self._version += 1
+            self._start_epoch()
+
+        self._call(Kind.CHECKPOINT, key, (Kind.CHECKPOINT,), execute, None, error)
+
+    def load_checkpoint(self, with_local: bool = False) -> CheckpointResult:
+        self._before_call(self._seqno)
+        while True:
+            try:
+                if not (self._recovering or not self._has_version):
+                    self._sync(Kind.LOAD_CHECKPOINT, None)
+                    break
+                # A replacement (or any rank while recovering) asks the survivors.
+                if self._guarded(Kind.LOAD_CHECKPOINT, lambda: self._round(None))[0] == _SERVED:
+                    break
+            except PeerFailure:
+                self._recover()
+        self._start_epoch()
+        return self._checkpoint_result(with_local)
+
+    def finalize(self) -> None:
+        if not self._finalized and self._broken is None:
+            self._before_call(self._seqno)
+        super().finalize()
+
+    def _finalize_sync(self) -> None:
+        def execute() -> None:
+            self._sync(Kind.FINALIZE, None)
+            self._guarded(Kind.FINALIZE, lambda: self._comm.Agree(1))
+
+        self._call(Kind.FINALIZE, (self._epoch, self._seqno), (Kind.FINALIZE,), execute,
+                   None, None)
+
+    # ------------------------------------------------------------ the protocol
+    def _before_call(self, seqno: int) -> None:
+        """Hook run at the start of every call (the mock kills here)."""
+
+    def _next_key(self) -> Key:
+        key = (self._epoch, self._seqno)
+        self._before_call(key[1])
+        return key
+
+    def _start_epoch(self) -> None:
+        """A checkpoint committed or the checkpoint was loaded: new numbering."""
+        if self._epoch == BOOT or self._epoch != self._version:
+            self._epoch = self._version
+            self._seqno = 0
+            self._cache.drop_epochs_before(self._version)
+
+    def _call(self, kind: int, key: Key, signature: tuple, execute: Callable[[], Any],
+              serve: Optional[Callable[[Entry], Any]], error: Optional[BaseException]) -> Any:
+        """Run one call: normally, or by rounds while recovering."""
+        while True:
+            if self._recovering:
+                if error is not None:
+                    raise error
+                try:
+                    outcome, entry = self._guarded(kind, lambda: self._round(key))
+                except PeerFailure:
+                    self._recover()
+                    continue
+                if outcome == _WAIT:
+                    continue
+                if outcome == _SERVED:
+                    self._seqno = key[1] + 1
+                    if entry.signature != signature:
+                        raise CollectiveMismatchError(
+                            f"rank {self._rank}: after recovery, call #{key[1]} of version "
+                            f"{self._version} is {Kind.NAMES.get(kind)} {signature[1:]} but the "
+                            f"other ranks ran {Kind.NAMES.get(entry.kind)} "
+                            f"{entry.signature[1:]}: the program must make the same calls on "
+                            f"every run")
+                    self._cache.put_entry(key, entry)
+                    return serve(entry) if serve is not None else None
+                self._recovering = False        # _EXECUTE: everyone is at this call
+            try:
+                return execute()
+            except PeerFailure:
+                self._recover()
+
+    def _round(self, key: Optional[Key]) -> Tuple[str, Optional[Entry]]:
+        """One round of the recovery protocol; ``key`` None asks for the checkpoint."""
+        comm = self._comm
+        code = _LOAD if key is None else _code(key)
+        version = self._version if self._has_version else _NO_VERSION
+        summary = np.array([version, -version if self._has_version else _NO_VERSION,
+                            -code, code], dtype=np.int64)
+        comm.Allreduce(MPI.IN_PLACE, summary, op=MPI.MAX)
+        max_version, min_code, max_code = int(summary[0]), -int(summary[2]), int(summary[3])
+        if max_version == _NO_VERSION:
+            raise RecoveryError("every rank of the job was lost: nothing to recover from")
+        if max_version != -int(summary[1]):
+            raise RecoveryError(f"rank {self._rank}: the survivors hold different versions "
+                                f"({-int(summary[1])} to {max_version}) after a failure")
+        if min_code == _LOAD:
+            self._serve_checkpoint(key is None, max_version)
+            return (_SERVED if key is None else _WAIT), None
+        wanted = _key(min_code)
+        holder = comm.allreduce(self._rank if wanted in self._cache else -1, op=MPI.MAX)
+        if holder >= 0:
+            entry = comm.bcast(self._cache.get(wanted) if self._rank == holder else None,
+                               root=holder)
+            return (_SERVED, entry) if code == min_code else (_WAIT, None)
+        if max_code != min_code:
+            raise RecoveryError(
+                f"rank {self._rank}: the result of call #{wanted[1]} of "
+                f"{'the start-up calls' if wanted[0] == BOOT else f'version {wanted[0]}'} "
+                f"is needed but no living rank holds it")
+        return _EXECUTE, None
+
+    def _serve_checkpoint(self, requesting: bool, version: int) -> None:
+        """Round step 2: give the requesters the committed checkpoint."""
+        comm = self._comm
+        root = comm.allreduce(self._rank if self._has_version else self._size, op=MPI.MIN)
+        blob = self._committed_global() if self._rank == root else None
+        blob = comm.bcast(blob, root=root)
+        holdings = comm.allgather((requesting, self._has_version,
+                                   sorted(self._replicas) if self._has_version else [],
+                                   self._local_blob is not None))
+        uses_local = any(h[3] for h in holdings)
+        mine: Optional[bytes] = self._local_blob
+        for owner, (asks, has_version, _, _) in enumerate(holdings):
+            if not asks or has_version:
+                continue
+            holder = next((r for r, h in enumerate(holdings) if h[1] and owner in h[2]), None)
+            if holder is None:
+                if uses_local:
+                    raise RecoveryError(
+                        f"rank {self._rank}: the local model of rank {owner} at version "
+                        f"{version} is lost with all its replicas (RABIT_REPLICAS="
+                        f"{self._config.replicas}); the job must restart from a durable "
+                        f"checkpoint")
+                continue
+            if self._rank == holder:
+                comm.send(self._replicas[owner], dest=owner, tag=_LOCAL_TAG)
+            elif self._rank == owner:
+                mine = comm.recv(source=holder, tag=_LOCAL_TAG)
+        if requesting and not self._has_version:
+            self._version = version
+            self._global_blob, self._lazy_global = blob, _NO_LAZY
+            self._local_blob = mine
+            self._has_version = True
+        # Give the replacements the replicas they were keeping for their neighbours.
+        self._replicas = self._replicate(self._local_blob)
+
+    def _committed_global(self) -> Optional[bytes]:
+        if self._lazy_global is not _NO_LAZY:
+            return serialize(self._lazy_global, "global model")
+        return self._global_blob
+
+    def _replicate(self, blob: Optional[bytes]) -> Dict[int, Optional[bytes]]:
+        """Send ``blob`` to the ``replicas`` ring successors; return what the
+        predecessors sent (owner rank -> blob)."""
+        copies = min(self._config.replicas, self._size - 1)
+        got: Dict[int, Optional[bytes]] = {}
+        for i in range(1, copies + 1):
+            src = (self._rank - i) % self._size
+            got[src] = self._comm.sendrecv(blob, dest=(self._rank + i) % self._size,
+                                           sendtag=_LOCAL_TAG + i, source=src,
+                                           recvtag=_LOCAL_TAG + i)
+        return got
+
+    # ------------------------------------------------------------ failures
+    def _guarded(self, kind: int, fn: Callable[[], Any]) -> Any:
+        """Run MPI work of the current call under the watchdog, with MPI errors
+        turned into ``PeerFailure`` or a timeout."""
+        self._token = (kind, self._version, self._seqno)
+        if self._watchdog is not None:
+            self._watchdog.enter(self._token)
+        try:
+            return fn()
+        except MPI.Exception as exc:
+            raise self._failure(exc) from exc
+        finally:
+            self._leave()
+
+    def _failure(self, exc: "MPI.Exception") -> BaseException:
+        error_class = exc.Get_error_class()
+        fired = self._watchdog is not None and self._watchdog.fired is not None
+        if fired or error_class not in (_ERR_REVOKED, _ERR_PROC_FAILED):
+            return super()._failure(exc)
+        notice = self._notice(wait=0.05 if error_class == _ERR_REVOKED else 0.0)
+        if notice == FATAL_NOTICE_TAG:
+            self._broken = (f"rank {self._rank}: another rank stopped the job with an uncaught "
+                            f"exception (see its traceback); a replacement would repeat the "
+                            f"bug, so the job is not recovered")
+            return RabitError(self._broken)
+        if notice == TIMEOUT_NOTICE_TAG:
+            return super()._failure(exc)
+        if error_class == _ERR_PROC_FAILED:
+            try:
+                self._comm.Revoke()     # wake the ranks blocked in later calls
+            except MPI.Exception:
+                pass
+        return PeerFailure(f"rank {self._rank}: a peer process failed "
+                           f"({exc.Get_error_string()})", error_class)
+
+    def _peer_failed(self, failure: PeerFailure) -> BaseException:
+        return failure
+
+    def _recover(self) -> None:
+        """Repair the communicator and enter recovery mode (Note [repair])."""
+        self._recoveries += 1
+        if self._recoveries > self._config.max_recoveries:
+            raise RecoveryError(
+                f"rank {self._rank}: {self._recoveries - 1} recoveries already in this job "
+                f"(RABIT_MAX_RECOVERIES={self._config.max_recoveries}); giving up")
+        start = time.perf_counter()
+
+        def make_state(dead: List[int]) -> JoinState:
+            trials = dict(self._trials)
+            for rank in dead:
+                trials[rank] = trials.get(rank, 0) + 1
+            return JoinState(dead=dead, trials=trials, recoveries=self._recoveries)
+
+        if self._watchdog is not None:
+            self._watchdog.leave()
+        new, replaced = repair(self._comm, self._rank, self._size, make_state,
+                               self.repair_times)
+        for rank in replaced:
+            self._trials[rank] = self._trials.get(rank, 0) + 1
+        old = (self._comm, self._ctrl)
+        self._adopt(new)
+        for c in old + (new,):
+            try:
+                c.Free()
+            except MPI.Exception:
+                pass
+        self._recovering = True
+        self._header_sent = None
+        log.warning("rank %d: replaced rank(s) %s in %.2f s; replaying", self._rank,
+                    replaced, time.perf_counter() - start)
+
+

@@ -1,0 +1,83 @@
+"""A Rabit-style training loop for the fault tests (and a user's reference).
+
+Every rank prints ``START <json>`` when it starts and ``RESULT <json>`` at the
+end: the digest of its final global model, its local model, its pid, and the
+rounds for which its ``prepare_fun`` ran. Fault injection comes from the
+environment (``RABIT_ENGINE=mock``, ``RABIT_MOCK=...``).
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import rabit_py as rabit
+
+
+def gradient(rank: int, it: int, w: np.ndarray) -> np.ndarray:
+    rng = np.random.default_rng([rank, it])
+    return rng.normal(size=w.shape) + 0.01 * w
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--sleep", type=float, default=0.0, help="seconds per round")
+    parser.add_argument("--mismatch-at", type=int, default=-1)
+    parser.add_argument("--raise-at", type=int, default=-1)
+    args = parser.parse_args()
+
+    rabit.init()
+    rank, size = rabit.get_rank(), rabit.get_world_size()
+    trial = getattr(rabit.api._engine, "_trial", 0)
+    print("START " + json.dumps({"rank": rank, "pid": os.getpid(), "trial": trial}), flush=True)
+    config = rabit.broadcast({"dim": 5, "scale": 0.1} if rank == 0 else None, root=0)
+    version, model, local = rabit.load_checkpoint(with_local=True)
+    if version == 0:
+        model = {"w": np.zeros(config["dim"]), "history": []}
+        local = {"rank": rank, "rows_seen": 0}
+    prepared = []
+    try:
+        for it in range(version, args.rounds):
+            def prepare(buf: np.ndarray, it: int = it) -> None:
+                prepared.append(it)
+                buf[:] = gradient(rank, it, model["w"])
+
+            grad = np.empty(config["dim"])
+            rabit.allreduce(grad, rabit.Op.SUM, prepare_fun=prepare)              # seqno 0
+            best = rabit.allreduce(np.array([(rank + 1) * (it + 3) % 7]), rabit.Op.MAX)  # 1
+            root = it % size
+            lr = rabit.broadcast(config["scale"] / (1 + it) if rank == root else None, root)  # 2
+            shape = (rank % 3 + 1, 2 if not (it == args.mismatch_at and rank == 1) else 3)
+            rows = rabit.allgather(np.full(shape, it * 10 + rank, dtype=np.float32))  # 3
+            if it == args.raise_at and rank == 1:
+                raise RuntimeError(f"a bug in round {it} on rank {rank}")
+            model["w"] = model["w"] - lr * grad + float(rows.sum()) * 1e-6
+            model["history"].append(int(best[0]))
+            local["rows_seen"] += int(rows.shape[0])
+            if args.sleep:
+                time.sleep(args.sleep)
+            rabit.checkpoint(model, local)                                           # 4
+            if rank == 0:
+                print(f"ROUND {it} done", flush=True)
+    except rabit.CollectiveMismatchError as exc:
+        print("MISMATCH " + json.dumps({"rank": rank, "message": str(exc)}), flush=True)
+    except rabit.RecoveryError as exc:
+        print("RECOVERY_ERROR " + json.dumps({"rank": rank, "message": str(exc)}), flush=True)
+        sys.stdout.flush()
+        os._exit(3)
+    digest = hashlib.sha256(model["w"].tobytes() + json.dumps(model["history"]).encode())
+    print("RESULT " + json.dumps({
+        "rank": rank, "world": rabit.get_world_size(), "pid": os.getpid(), "trial": trial,
+        "version": rabit.version_number(), "model": digest.hexdigest(), "local": local,
+        "prepared": prepared}), flush=True)
+    rabit.finalize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""In-job recovery with real processes: ranks are killed (by the mock engine, or
+with SIGKILL from outside), replaced under the same rank, and the job finishes
+with every rank's models bitwise equal to a failure-free run."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ._proc import ROOT, rabit_run, run
+
+PROGRAM = [sys.executable, "tests/programs/bsp_train.py"]
+RANKS = 4
+
+
+def parse(out: str, tag: str) -> list:
+    return [json.loads(line[len(tag) + 1:]) for line in out.splitlines()
+            if line.startswith(tag + " ")]
+
+
+def run_job(env: dict, *args: str, timeout: float = 120) -> tuple:
+    code, out = run(rabit_run(RANKS, *PROGRAM, *args), timeout=timeout, env=env)
+    return code, out, parse(out, "START"), parse(out, "RESULT")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The failure-free run, on the robust engine."""
+    code, out, starts, results = run_job({"RABIT_ENGINE": "robust"})
+    assert code == 0, out
+    assert sorted(r["rank"] for r in results) == list(range(RANKS)), out
+    return {r["rank"]: r for r in results}
+
+
+def assert_recovered(out, starts, results, reference, killed):
+    assert sorted(r["rank"] for r in results) == list(range(RANKS)), out[-6000:]
+    first_pid = {s["rank"]: s["pid"] for s in starts if s["trial"] == 0}
+    for r in results:
+        ref = reference[r["rank"]]
+        assert r["world"] == RANKS
+        assert r["model"] == ref["model"], f"rank {r['rank']}: global model differs"
+        assert r["local"] == ref["local"], f"rank {r['rank']}: local model differs"
+        assert r["version"] == ref["version"]
+        if r["rank"] in killed:
+            assert r["pid"] != first_pid[r["rank"]], f"rank {r['rank']} was not replaced"
+            assert r["trial"] >= 1
+        else:
+            assert r["pid"] == first_pid[r["rank"]]
+
+
+# seqnos in one round of bsp_train.py: 0 allreduce with prepare_fun, 1 allreduce,
+# 2 broadcast, 3 allgather, 4 checkpoint
+CASES = {
+    "allreduce": ("1,2,1,0", {1}),
+    "allreduce_with_prepare_fun": ("1,2,0,0", {1}),
+    "broadcast": ("2,1,2,0", {2}),
+    "allgather": ("3,3,3,0", {3}),
+    "checkpoint": ("1,2,4,0", {1}),
+    "rank0": ("0,3,1,0", {0}),
+    "two_at_once_with_rank0": ("0,2,1,0;2,2,1,0", {0, 2}),
+    "replacement_dies_again": ("1,1,1,0;1,1,3,1", {1}),
+    "two_versions": ("2,1,2,0;3,4,3,0", {2, 3}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_mock_kill_is_recovered_bitwise(reference, case):
+    plan, killed = CASES[case]
+    code, out, starts, results = run_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": plan})
+    assert_recovered(out, starts, results, reference, killed)
+    kills = re.findall(r"rabit_py mock: rank (\d+) killed", out)
+    assert sorted(set(int(k) for k in kills)) == sorted(killed)
+    for r in results:
+        if r["rank"] in killed:
+            # Served results are not recomputed: the replacement's prepare_fun ran
+            # only for rounds it executed together with the survivors.
+            version, seqno = _last_kill(plan, r["rank"])
+            start = version if seqno == 0 else version + 1
+            assert r["prepared"] == list(range(start, 6)), (case, r)
+
+
+def _last_kill(plan, rank):
+    points = [tuple(map(int, p.split(","))) for p in plan.split(";")]
+    return max((v, s) for r, v, s, _ in points if r == rank)
+
+
+def test_sigkill_from_outside_is_recovered(reference):
+    env = {**os.environ, "RABIT_ENGINE": "robust"}
+    proc = subprocess.Popen(rabit_run(RANKS, *PROGRAM, "--sleep", "0.3"), cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines = []
+    try:
+        victim = None
+        deadline = time.monotonic() + 60
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("START ") and json.loads(line[6:])["rank"] == 2:
+                victim = json.loads(line[6:])["pid"]
+            if line.startswith("ROUND 1 done") and victim:
+                os.kill(victim, signal.SIGKILL)
+                break
+            assert time.monotonic() < deadline, "".join(lines)
+        rest, _ = proc.communicate(timeout=120)
+        out = "".join(lines) + rest
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert_recovered(out, parse(out, "START"), parse(out, "RESULT"), reference, {2})
+
+
+def test_mismatch_after_recovery_is_reported():
+    code, out, _, results = run_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,1,1,0"},
+                                    "--mismatch-at", "3")
+    mismatches = parse(out, "MISMATCH")
+    assert sorted(m["rank"] for m in mismatches) == list(range(RANKS)), out[-6000:]
+    assert all("shape" in m["message"] and "rank 1" in m["message"] for m in mismatches)
+
+
+def test_uncaught_exception_aborts_with_traceback():
+    start = time.monotonic()
+    code, out, _, results = run_job({"RABIT_ENGINE": "robust"}, "--raise-at", "2")
+    assert code != 0
+    assert "RuntimeError: a bug in round 2 on rank 1" in out
+    assert "rank 1: uncaught RuntimeError; aborting the job" in out
+    assert results == []
+    assert time.monotonic() - start < 60
+
+
+def test_local_model_lost_with_its_replicas():
+    # Ranks 1 and 2 die together: rank 1's only replica lived on rank 2.
+    code, out, _, _ = run_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,2,1,0;2,2,1,0"})
+    errors = parse(out, "RECOVERY_ERROR")
+    assert errors, out[-6000:]
+    assert all("local model of rank 1 at version 2 is lost" in e["message"] for e in errors)
