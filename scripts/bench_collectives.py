@@ -38,25 +38,33 @@ SIZES = [8, 64, 512, 4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 6
 TARGET_BATCH_SECONDS = 0.03
 
 WORLD = MPI.COMM_WORLD
+ROBUST = os.environ.get("OMPI_MCA_mpi_ft_enable", "") not in ("", "0", "false")
 RANK, NRANKS = WORLD.Get_rank(), WORLD.Get_size()
 
 
 class RabitSession:
-    """Keeps one rabit_py session open with the check setting a contender needs
-    (switching happens between batches, outside the timed region)."""
+    """Keeps one rabit_py session open with the engine and check setting a
+    contender needs (switching happens between batches, outside the timed
+    region)."""
 
     def __init__(self) -> None:
-        self.check: Optional[bool] = None
+        self.current: Optional[tuple] = None
 
-    def use(self, check: bool) -> None:
-        if self.check != check:
+    def use(self, engine: str, check: bool) -> None:
+        if self.current != (engine, check):
             rabit.finalize()
-            rabit.init(engine="mpi", check=check)
-            self.check = check
+            rabit.init(engine=engine, check=check)
+            self.current = (engine, check)
 
     def close(self) -> None:
         rabit.finalize()
-        self.check = None
+        self.current = None
+
+
+# The robust engine caches every result until the next checkpoint; a training
+# loop checkpoints every round. The robust contenders take a lazy_checkpoint
+# every CHECKPOINT_EVERY calls (its cost is included in their time).
+CHECKPOINT_EVERY = 10
 
 
 def xgboost_allreduce() -> Optional[Callable[[np.ndarray], object]]:
@@ -107,17 +115,64 @@ def contenders(session: RabitSession) -> Dict[str, tuple]:
     table = {
         "mpi4py Allreduce in-place": ("allreduce", nothing, raw_inplace),
         "mpi4py Allreduce out-of-place": ("allreduce", nothing, raw_outofplace),
-        "rabit allreduce check=off": ("allreduce", lambda: session.use(False), rabit_allreduce),
-        "rabit allreduce check=on": ("allreduce", lambda: session.use(True), rabit_allreduce),
+        "rabit allreduce check=off": ("allreduce", lambda: session.use("mpi", False),
+                                      rabit_allreduce),
+        "rabit allreduce check=on": ("allreduce", lambda: session.use("mpi", True),
+                                     rabit_allreduce),
         "mpi4py Bcast": ("broadcast", nothing, raw_bcast),
-        "rabit broadcast check=off": ("broadcast", lambda: session.use(False), rabit_bcast),
-        "rabit broadcast check=on": ("broadcast", lambda: session.use(True), rabit_bcast),
+        "rabit broadcast check=off": ("broadcast", lambda: session.use("mpi", False), rabit_bcast),
+        "rabit broadcast check=on": ("broadcast", lambda: session.use("mpi", True), rabit_bcast),
     }
     return table
 
 
+def _keep(buf: np.ndarray) -> None:
+    """A prepare_fun that leaves the buffer as it is."""
+
+
+ROBUST_RAW = "mpi4py Allreduce in-place (robust phase)"
+ROBUST_BCAST_RAW = "mpi4py Bcast (robust phase)"
+
+
+def robust_table() -> Dict[str, tuple]:
+    """The robust phase: one robust session for all its batches (its cache and
+    buffer pool warm up as in a training loop), beside raw mpi4py timed again.
+    A lazy_checkpoint every CHECKPOINT_EVERY calls bounds the cache, as a
+    training loop's per-round checkpoint does; its cost is included."""
+    calls = [0]
+
+    def with_checkpoints(call):
+        def run(buf, out):
+            call(buf, out)
+            calls[0] += 1
+            if calls[0] % CHECKPOINT_EVERY == 0:
+                rabit.lazy_checkpoint(None)
+        return run
+
+    def nothing():
+        pass
+
+    return {
+        ROBUST_RAW: ("allreduce", nothing,
+                     lambda buf, out: WORLD.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)),
+        "rabit robust allreduce": ("allreduce", nothing, with_checkpoints(
+            lambda buf, out: rabit.allreduce(buf, rabit.Op.SUM))),
+        # with prepare_fun the input need not be kept: one copy per call, not two
+        "rabit robust allreduce+prepare_fun": ("allreduce", nothing, with_checkpoints(
+            lambda buf, out: rabit.allreduce(buf, rabit.Op.SUM, prepare_fun=_keep))),
+        ROBUST_BCAST_RAW: ("broadcast", nothing, lambda buf, out: WORLD.Bcast(buf, root=0)),
+        "rabit robust broadcast": ("broadcast", nothing, with_checkpoints(
+            lambda buf, out: rabit.broadcast(buf, 0))),
+    }
+
+
 XGB_RAW = "mpi4py Allreduce in-place (xgboost phase)"
 XGB = "xgboost.collective allreduce"
+# contenders measured in a phase of their own, against raw mpi4py of that phase
+PAIRED_RAW = {XGB: XGB_RAW,
+              "rabit robust allreduce": "mpi4py Allreduce in-place (robust phase)",
+              "rabit robust allreduce+prepare_fun": "mpi4py Allreduce in-place (robust phase)",
+              "rabit robust broadcast": "mpi4py Bcast (robust phase)"}
 
 
 def xgboost_table(xgb: Callable) -> Dict[str, tuple]:
@@ -195,9 +250,11 @@ def report(rows: List[dict], names: List[str]) -> str:
     lines = []
     for kind, raw_names, ours in (
             ("allreduce", ["mpi4py Allreduce in-place", "mpi4py Allreduce out-of-place"],
-             ["rabit allreduce check=off", "rabit allreduce check=on", XGB]),
+             ["rabit allreduce check=off", "rabit allreduce check=on",
+              "rabit robust allreduce", "rabit robust allreduce+prepare_fun", XGB]),
             ("broadcast", ["mpi4py Bcast"],
-             ["rabit broadcast check=off", "rabit broadcast check=on"])):
+             ["rabit broadcast check=off", "rabit broadcast check=on",
+              "rabit robust broadcast"])):
         ours = [n for n in ours if n in names]
         head = (f"{'size':>8} | {'raw best us':>11} {'GB/s':>6} | "
                 + " | ".join(f"{n.replace('rabit ', '').replace(kind, '').strip()[:22]:>22} us "
@@ -213,7 +270,8 @@ def report(rows: List[dict], names: List[str]) -> str:
             cells = [f"{human(row['bytes']):>8} | {raw * 1e6:11.1f} "
                      f"{bus_bandwidth(kind, row['bytes'], raw):6.2f}"]
             for n in ours:
-                paired = [samples[XGB_RAW]] if n == XGB else [samples[r] for r in raw_names]
+                paired = ([samples[PAIRED_RAW[n]]] if n in PAIRED_RAW
+                          else [samples[r] for r in raw_names])
                 cells.append(f"{t[n] * 1e6:25.1f} {bus_bandwidth(kind, row['bytes'], t[n]):6.2f} "
                              f"{paired_ratio(paired, samples[n]):6.2f}")
             cost = (t[f"rabit {kind} check=on"] - t[f"rabit {kind} check=off"]) * 1e6
@@ -252,18 +310,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--plot", nargs="?", const="bench-results/collectives.png",
                         help="draw bandwidth vs size to this PNG")
     parser.add_argument("--batches", type=int, default=15, help="batches per size")
+    parser.add_argument("--min-bytes", type=int, default=8)
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
     parser.add_argument("--no-xgboost", action="store_true")
     args = parser.parse_args(argv)
 
     session = RabitSession()
     rabit.init(engine="mpi")
-    session.check = True
+    session.current = ("mpi", True)
     table = contenders(session)
-    sizes = [s for s in SIZES if s <= args.max_bytes]
+    sizes = [s for s in SIZES if args.min_bytes <= s <= args.max_bytes]
     rows = [{"bytes": nbytes, "seconds": measure(nbytes, table, args.batches)}
             for nbytes in progress(sizes, "rabit_py vs mpi4py")]
     session.close()
+    if ROBUST:
+        rabit.init(engine="robust", check=False)
+        rabit.load_checkpoint()       # start numbering after the bootstrap calls
+        peer = robust_table()
+        table.update(peer)
+        for row in progress(rows, "robust engine vs mpi4py"):
+            row["seconds"].update(measure(row["bytes"], peer, args.batches))
+        rabit.finalize()
     xgb = None if args.no_xgboost else xgboost_allreduce()
     if xgb is not None:
         peer = xgboost_table(xgb)
@@ -279,7 +346,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"\n{NRANKS} ranks on {os.cpu_count()} cores"
               + (" (oversubscribed)" if NRANKS > (os.cpu_count() or 1) else "")
               + "; x raw = median per-batch bandwidth ratio to the faster raw mpi4py call "
-                "(>1 is faster); xgboost is compared with raw mpi4py timed in its own phase")
+                "(>1 is faster); the robust engine (check off, a lazy_checkpoint every "
+                f"{CHECKPOINT_EVERY} calls) and xgboost are compared with raw mpi4py timed "
+                "in their own phases")
         result = {
             "benchmark": "collectives", "ranks": NRANKS, "cores": os.cpu_count(),
             "mpi": MPI.Get_library_version().strip(), "python": platform.python_version(),

@@ -63,3 +63,22 @@ def test_rank_missing_at_init_aborts():
     assert code != 0
     assert "rank 0: init() did not complete within 2 s" in out
     assert elapsed < 30
+
+
+EARLY_EXIT = """
+import sys, numpy as np, rabit_py as rabit
+rabit.init(timeout=60)
+rabit.allreduce(np.zeros(2), rabit.Op.SUM)
+if rabit.get_rank() == 1:
+    sys.exit(4)                  # leaves without finalize, with a non-zero code
+rabit.allreduce(np.zeros(2), rabit.Op.SUM)
+rabit.finalize()
+"""
+
+
+def test_rank_exiting_without_finalize_ends_the_job():
+    code, out, elapsed = timed_run(rabit_run(2, sys.executable, "-c", EARLY_EXIT))
+    assert code != 0
+    assert "rank 1: the program is exiting without finalize(); finalizing now" in out
+    assert "call: allreduce on rank 0; finalize on rank 1" in out
+    assert elapsed < 30

@@ -10,6 +10,7 @@ overrides :meth:`MpiEngine._peer_failed`).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import pickle
@@ -111,6 +112,9 @@ class MpiEngine(Engine):
         self._saved_excepthook = None
         if self._size > 1:
             self._install_excepthook()
+            # A rank that leaves without finalize() (sys.exit, a return) must not
+            # leave its peers waiting: finalize on its behalf, which tells them.
+            atexit.register(self._at_exit)
         if self._watchdog is not None and not self._ulfm:
             log.debug("rank %d: no MPI fault tolerance: a timeout aborts the job "
                       "(launch with rabit-run to get CollectiveTimeoutError instead)", self._rank)
@@ -331,6 +335,7 @@ class MpiEngine(Engine):
                 self._finalize_sync()
         finally:
             self._finalized = True
+            atexit.unregister(self._at_exit)
             if self._watchdog is not None:
                 self._watchdog.stop()
             if self._saved_excepthook is not None:
@@ -338,6 +343,16 @@ class MpiEngine(Engine):
             if self._broken is None:
                 self._comm.Free()
                 self._ctrl.Free()
+
+    def _at_exit(self) -> None:
+        if self._finalized or self._broken is not None:
+            return
+        sys.stderr.write(f"rabit_py: rank {self._rank}: the program is exiting without "
+                         f"finalize(); finalizing now\n")
+        try:
+            self.finalize()
+        except Exception as exc:  # noqa: BLE001 - nothing can be raised at exit
+            sys.stderr.write(f"rabit_py: rank {self._rank}: finalize at exit failed: {exc}\n")
 
     def _finalize_sync(self) -> None:
         self._sync(Kind.FINALIZE, None)

@@ -95,6 +95,7 @@ class RobustEngine(MpiEngine):
         if replacement:
             comm.Free()
         self._cache = ResultCache()
+        self._backup = np.empty(0, dtype=np.uint8)
         self._epoch = BOOT
         self._recovering = replacement
         self._has_version = not replacement
@@ -116,8 +117,8 @@ class RobustEngine(MpiEngine):
         # An in-place MPI call that fails half-way leaves the buffer half
         # reduced: keep the input to run the call again, unless prepare_fun
         # can remake it.
-        backup = (data.copy() if error is None and prepare_fun is None and self._size > 1
-                  else None)
+        backup = (self._backup_of(data) if error is None and prepare_fun is None
+                  and self._size > 1 else None)
 
         def execute() -> np.ndarray:
             if backup is not None:
@@ -171,6 +172,15 @@ class RobustEngine(MpiEngine):
 
         return self._call(Kind.ALLGATHER, key, signature, execute,
                           lambda entry: entry.payload.copy(), None)
+
+    def _backup_of(self, data: np.ndarray) -> np.ndarray:
+        """A copy of ``data`` in a buffer reused from call to call (a fresh
+        allocation per call costs page faults as much as the copy itself)."""
+        if self._backup.nbytes < data.nbytes:
+            self._backup = np.empty(data.nbytes, dtype=np.uint8)
+        backup = self._backup[:data.nbytes].view(data.dtype).reshape(data.shape)
+        np.copyto(backup, data)
+        return backup
 
     # ------------------------------------------------------------ checkpoints
     def checkpoint(self, global_model: Any, local_model: Any = None) -> None:
