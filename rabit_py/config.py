@@ -112,8 +112,15 @@ class Config:
         return cls(**values)
 
     def apply_logging(self) -> None:
-        """Set the ``rabit_py`` logger's level from ``log_level``."""
-        logging.getLogger("rabit_py").setLevel(self.log_level.upper())
+        """Set the ``rabit_py`` logger's level from ``log_level``; below WARNING,
+        give it a stderr handler if the program configured none."""
+        logger = logging.getLogger("rabit_py")
+        logger.setLevel(self.log_level.upper())
+        if logger.level < logging.WARNING and not logger.handlers \
+                and not logging.getLogger().handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("rabit_py %(levelname)s: %(message)s"))
+            logger.addHandler(handler)
 
 
 # Variables that rabit_py tools set for the program, not settings of the engine.

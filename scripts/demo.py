@@ -7,11 +7,17 @@ loop starts from ``load_checkpoint()``, as a fault-tolerant job must.
 
     python scripts/demo.py                  # one rank, no mpirun needed
     rabit-run -n 4 python scripts/demo.py   # four ranks
+    rabit-run -n 4 python scripts/demo.py --kill 2:10
+        # rank 2 is killed (SIGKILL) in iteration 10; a replacement takes its
+        # rank, replays from the survivors' cache, and the job ends with the
+        # same model as without the failure
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import sys
 
 import numpy as np
@@ -31,9 +37,17 @@ def main(argv: list | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--rows", type=int, default=2000, help="rows per rank")
+    parser.add_argument("--kill", metavar="RANK:ITERATION",
+                        help="kill that rank in that iteration (needs rabit-run: in-job recovery)")
     args = parser.parse_args(argv)
+    settings = {}
+    if args.kill:
+        rank_text, _, iteration_text = args.kill.partition(":")
+        # The mock engine kills the original process of that rank when it reaches
+        # the allreduce (seqno 0) of that version; its replacement lives on.
+        settings = {"engine": "mock", "mock": f"{int(rank_text)},{int(iteration_text)},0,0"}
 
-    with rabit.session():
+    with rabit.session(**settings):
         rank, size = rabit.get_rank(), rabit.get_world_size()
         # Settings come from rank 0, as a config file read by one rank would.
         settings = rabit.broadcast({"lr": 0.5, "dim": 8, "seed": 7} if rank == 0 else None, root=0)
@@ -61,9 +75,12 @@ def main(argv: list | None = None) -> int:
         identical = bool(np.array_equal(lowest, highest))
         error = float(np.max(np.abs(w - true_w)))
         ranks_seen = rabit.allgather(np.array([rank], dtype=np.int64))
+        pids = rabit.allgather(np.array([os.getpid()], dtype=np.int64))
+        rabit.tracker_print(f"process ids by rank: {pids.tolist()}")
         rabit.tracker_print(
             f"demo OK: ranks {ranks_seen.tolist()}, version {rabit.version_number()}, "
-            f"max |w - w_true| = {error:.4f}, model identical on all ranks: {identical}")
+            f"max |w - w_true| = {error:.4f}, model identical on all ranks: {identical}, "
+            f"model digest {hashlib.sha256(w.tobytes()).hexdigest()[:16]}")
         if not identical or error > 0.05:
             print(f"rank {rank}: demo FAILED (identical={identical}, error={error})",
                   file=sys.stderr)

@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from rabit_py.launcher import find_mpirun
+
 from ._proc import ROOT, rabit_run, run
 
 PROGRAM = [sys.executable, "tests/programs/bsp_train.py"]
@@ -24,6 +26,9 @@ def parse(out: str, tag: str) -> list:
 
 
 def run_job(env: dict, *args: str, timeout: float = 120) -> tuple:
+    # A short collective timeout: a stuck job ends with a message well before
+    # the test's own timeout.
+    env = {"RABIT_TIMEOUT": "45", **env}
     code, out = run(rabit_run(RANKS, *PROGRAM, *args), timeout=timeout, env=env)
     return code, out, parse(out, "START"), parse(out, "RESULT")
 
@@ -90,8 +95,12 @@ def _last_kill(plan, rank):
 
 
 def test_sigkill_from_outside_is_recovered(reference):
-    env = {**os.environ, "RABIT_ENGINE": "robust"}
-    proc = subprocess.Popen(rabit_run(RANKS, *PROGRAM, "--sleep", "0.3"), cwd=ROOT, env=env,
+    # Plain mpirun with fault tolerance, no settings: engine="auto" picks the robust engine.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RABIT_")}
+    mpirun = [find_mpirun(), "-n", str(RANKS), "--oversubscribe", "--with-ft", "ulfm"]
+    if os.geteuid() == 0:
+        mpirun.append("--allow-run-as-root")
+    proc = subprocess.Popen(mpirun + PROGRAM + ["--sleep", "0.3"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     lines = []
@@ -114,6 +123,13 @@ def test_sigkill_from_outside_is_recovered(reference):
         except ProcessLookupError:
             pass
     assert_recovered(out, parse(out, "START"), parse(out, "RESULT"), reference, {2})
+
+
+def test_robust_engine_refuses_a_job_without_fault_tolerance():
+    code, out = run([sys.executable, "-c", "import rabit_py as r; r.init(engine='robust')"],
+                    timeout=60)
+    assert code != 0
+    assert "engine='robust' needs MPI fault tolerance" in out and "rabit-run" in out
 
 
 def test_mismatch_after_recovery_is_reported():

@@ -104,11 +104,13 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
             except MPI.Exception:
                 pass
             t0 = time.perf_counter()
+            log.debug("rank %d: repair attempt %d: shrinking", my_rank, attempt)
             shrunk = current.Shrink()
             shrunk.Set_errhandler(MPI.ERRORS_RETURN)
             alive = shrunk.allgather(my_rank)
             dead = sorted(set(range(size)) - set(alive))
             times.shrink += time.perf_counter() - t0
+            log.debug("rank %d: dead ranks %s; spawning", my_rank, dead)
             if not dead:
                 # Revoked without a death (e.g. a timeout elsewhere): same members.
                 new = shrunk.Split(0, key=my_rank)
@@ -120,6 +122,7 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
             inter = shrunk.Spawn(program, args=args, maxprocs=len(dead), root=0,
                                  info=_spawn_info())
             times.spawn += time.perf_counter() - t0
+            log.debug("rank %d: spawned; merging", my_rank)
             t0 = time.perf_counter()
             merged = inter.Merge(high=False)
             merged.Set_errhandler(MPI.ERRORS_RETURN)

@@ -34,6 +34,7 @@ peer that dies at the very end is replaced and replays up to it.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -49,6 +50,7 @@ from ._cache import BOOT, Entry, ResultCache
 from ._repair import JoinState, RepairTimes, is_replacement, join_as_replacement, repair
 from ._signature import Kind
 from ._validate import check_allreduce
+from ._watchdog import Watchdog
 from .base import CheckpointResult, PrepareFn
 from .mpi import (_ERR_PROC_FAILED, _ERR_REVOKED, _NO_LAZY, FATAL_NOTICE_TAG,
                   TIMEOUT_NOTICE_TAG, MpiEngine, ulfm_enabled)
@@ -104,6 +106,9 @@ class RobustEngine(MpiEngine):
         self._trial = self._trials.get(self._rank, 0)
         self._recoveries = state.recoveries if state else 0
         self.repair_times = RepairTimes()
+        # For the benchmark: wall-clock times of each recovery on this rank
+        # (failure detected, communicator repaired, replay done).
+        self.recovery_log: List[Dict[str, Any]] = []
         if replacement:
             log.info("rank %d: joined the job as a replacement (trial %d)",
                      self._rank, self._trial)
@@ -284,6 +289,8 @@ class RobustEngine(MpiEngine):
                     self._cache.put_entry(key, entry)
                     return serve(entry) if serve is not None else None
                 self._recovering = False        # _EXECUTE: everyone is at this call
+                if self.recovery_log and "resumed" not in self.recovery_log[-1]:
+                    self.recovery_log[-1]["resumed"] = time.time()
             try:
                 return execute()
             except PeerFailure:
@@ -406,6 +413,13 @@ class RobustEngine(MpiEngine):
         return PeerFailure(f"rank {self._rank}: a peer process failed "
                            f"({exc.Get_error_string()})", error_class)
 
+    def _abort_repair(self, _: Any) -> None:
+        sys.stderr.write(f"rabit_py: rank {self._rank}: repairing the job after a failure did "
+                         f"not complete within {self._config.timeout:g} s; aborting the job "
+                         f"(a restart from a durable checkpoint is the way out)\n")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
     def _peer_failed(self, failure: PeerFailure) -> BaseException:
         return failure
 
@@ -417,6 +431,7 @@ class RobustEngine(MpiEngine):
                 f"rank {self._rank}: {self._recoveries - 1} recoveries already in this job "
                 f"(RABIT_MAX_RECOVERIES={self._config.max_recoveries}); giving up")
         start = time.perf_counter()
+        self.recovery_log.append({"detected": time.time()})
 
         def make_state(dead: List[int]) -> JoinState:
             trials = dict(self._trials)
@@ -426,8 +441,19 @@ class RobustEngine(MpiEngine):
 
         if self._watchdog is not None:
             self._watchdog.leave()
-        new, replaced = repair(self._comm, self._rank, self._size, make_state,
-                               self.repair_times)
+        # A repair blocks in Shrink/Spawn/Merge, which no revoke can interrupt:
+        # if it hangs past the timeout, end the job with a message instead.
+        guard = (Watchdog(self._config.timeout, self._abort_repair)
+                 if self._config.timeout > 0 else None)
+        if guard is not None:
+            guard.enter("repair")
+        try:
+            new, replaced = repair(self._comm, self._rank, self._size, make_state,
+                                   self.repair_times)
+        finally:
+            if guard is not None:
+                guard.leave()
+                guard.stop()
         for rank in replaced:
             self._trials[rank] = self._trials.get(rank, 0) + 1
         old = (self._comm, self._ctrl)
@@ -439,6 +465,7 @@ class RobustEngine(MpiEngine):
                 pass
         self._recovering = True
         self._header_sent = None
+        self.recovery_log[-1].update(repaired=time.time(), replaced=replaced)
         log.warning("rank %d: replaced rank(s) %s in %.2f s; replaying", self._rank,
                     replaced, time.perf_counter() - start)
 

@@ -16,12 +16,18 @@ def pytest_collection_modifyitems(items: List[Any]) -> None:
         item.add_marker(pytest.mark.mpi)
 
 
-@pytest.fixture
-def session():
-    """A rabit_py job on COMM_WORLD for one test, with a short timeout so that
-    a test that breaks the lockstep fails instead of waiting."""
-    rabit.init(engine="mpi", timeout=60)
-    yield
+def _engines():
+    from rabit_py.engine.mpi import ulfm_enabled
+    return ["mpi", "robust"] if ulfm_enabled() else ["mpi"]
+
+
+@pytest.fixture(params=_engines())
+def session(request):
+    """A rabit_py job on COMM_WORLD for one test, on the plain and (where MPI
+    fault tolerance is on) the robust engine, with a timeout so that a test
+    that breaks the lockstep fails instead of waiting."""
+    rabit.init(engine=request.param, timeout=60)
+    yield request.param
     rabit.finalize()
 
 

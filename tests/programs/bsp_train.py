@@ -76,6 +76,7 @@ def main() -> int:
         "version": rabit.version_number(), "model": digest.hexdigest(), "local": local,
         "prepared": prepared}), flush=True)
     rabit.finalize()
+    print(f"FINALIZED {rank}", flush=True)
     return 0
 
 
