@@ -124,7 +124,7 @@ class Config:
 
 
 # Variables that rabit_py tools set for the program, not settings of the engine.
-_KNOWN_FOREIGN = frozenset({"RABIT_RESTART_COUNT"})
+_KNOWN_FOREIGN = frozenset({"RABIT_RESTART_COUNT", "RABIT_RUN_STATUS_DIR"})
 
 
 def _parse(type_name: Any, text: str) -> Any:

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
@@ -28,6 +29,8 @@ from typing import List, Optional, Sequence, Tuple
 __all__ = ["main", "find_mpirun", "build_command", "split_args"]
 
 _GRACE_SECONDS = 10.0
+_LINGER_SECONDS = 5.0
+STATUS_DIR_VARIABLE = "RABIT_RUN_STATUS_DIR"
 
 
 def find_mpirun(explicit: Optional[str] = None) -> str:
@@ -177,8 +180,19 @@ def _kill_job(proc: "subprocess.Popen[bytes]") -> None:
         pass
 
 
-def _run(cmd: List[str]) -> int:
-    proc = subprocess.Popen(cmd, start_new_session=True)
+def _run(cmd: List[str], ranks: int) -> int:
+    # Each rank that finalizes cleanly leaves a file here (see MpiEngine.finalize):
+    # it tells how the job ended if mpirun has to be stopped at teardown.
+    status_dir = tempfile.mkdtemp(prefix="rabit-run-")
+    env = {**os.environ, STATUS_DIR_VARIABLE: status_dir}
+    try:
+        return _supervise(subprocess.Popen(cmd, start_new_session=True, env=env),
+                          ranks, status_dir)
+    finally:
+        shutil.rmtree(status_dir, ignore_errors=True)
+
+
+def _supervise(proc: "subprocess.Popen[bytes]", ranks: int, status_dir: str) -> int:
     received: List[int] = []
 
     def forward(signum: int, frame: object) -> None:
@@ -193,6 +207,10 @@ def _run(cmd: List[str]) -> int:
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     deadline: Optional[float] = None
+    seen_ranks = False
+    alone_since: Optional[float] = None
+    lingered = False
+    next_look = 0.0
     try:
         while True:
             try:
@@ -203,11 +221,29 @@ def _run(cmd: List[str]) -> int:
                     deadline = time.monotonic() + _GRACE_SECONDS
                 elif deadline is not None and time.monotonic() > deadline:
                     _kill_job(proc)    # mpirun did not end within the grace period
+                # Open MPI's launcher sometimes stays after every rank has ended
+                # (seen after recoveries and aborts): stop it, do not hang.
+                now = time.monotonic()
+                if now < next_look:
+                    continue
+                next_look = now + 1.0
+                if _descendants(proc.pid):
+                    seen_ranks, alone_since = True, None
+                elif seen_ranks:
+                    alone_since = alone_since or time.monotonic()
+                    if time.monotonic() - alone_since > _LINGER_SECONDS and not lingered:
+                        lingered = True
+                        print("rabit-run: every rank has ended but mpirun has not; stopping it",
+                              file=sys.stderr, flush=True)
+                        _kill_job(proc)
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
     if received:
         return 128 + received[0]
+    if lingered:
+        done = len(os.listdir(status_dir))
+        return 0 if done >= ranks else 1
     return code if code >= 0 else 128 - code
 
 
@@ -222,7 +258,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "--dry-run" in split_args(argv)[0]:
         print(shlex.join(cmd))
         return 0
-    return _run(cmd)
+    options, _ = split_args(argv)
+    return _run(cmd, _parser().parse_known_args(options)[0].np)
 
 
 if __name__ == "__main__":

@@ -333,6 +333,7 @@ class MpiEngine(Engine):
         try:
             if self._broken is None:
                 self._finalize_sync()
+                _report_finalized(self._rank)
         finally:
             self._finalized = True
             atexit.unregister(self._at_exit)
@@ -543,6 +544,16 @@ class MpiEngine(Engine):
 
         self._saved_excepthook = previous
         sys.excepthook = hook
+
+
+def _report_finalized(rank: int) -> None:
+    """Leave a mark for rabit-run that this rank finalized cleanly."""
+    status_dir = os.environ.get("RABIT_RUN_STATUS_DIR")
+    if status_dir and os.path.isdir(status_dir):
+        try:
+            open(os.path.join(status_dir, f"rank-{rank}"), "w").close()
+        except OSError:
+            pass
 
 
 def _abort_init(comm: Any, rank: int, timeout: float) -> None:

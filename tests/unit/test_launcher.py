@@ -104,3 +104,20 @@ def test_ctrl_c_reaps_the_whole_job(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@pytest.mark.parametrize("finalized,expected", [(True, 0), (False, 1)])
+def test_lingering_mpirun_is_stopped(tmp_path, finalized, expected):
+    # A stand-in for an mpirun that stays after its ranks ended (seen with Open MPI
+    # after recoveries): its "ranks" are two short-lived children.
+    mark = 'touch "$RABIT_RUN_STATUS_DIR/rank-$1"' if finalized else "true"
+    fake = tmp_path / "mpirun"
+    fake.write_text("#!/bin/sh\n"
+                    f"(sleep 1; r=0; {mark.replace('$1', '0')}) &\n"
+                    f"(sleep 1; {mark.replace('$1', '1')}) &\n"
+                    "wait\nexec sleep 300\n")
+    fake.chmod(0o755)
+    start = time.monotonic()
+    code = launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "prog"])
+    assert code == expected
+    assert time.monotonic() - start < 30
