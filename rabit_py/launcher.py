@@ -141,7 +141,7 @@ def build_command(argv: Sequence[str], is_root: Optional[bool] = None,
     if is_root is None:
         is_root = os.geteuid() == 0
     if open_mpi_5 is None:
-        open_mpi_5 = _is_open_mpi_5(mpirun)
+        open_mpi_5 = not args.no_ft and _is_open_mpi_5(mpirun)
     cmd = [mpirun, "-n", str(args.np), "--oversubscribe"]
     if is_root:
         cmd.append("--allow-run-as-root")
