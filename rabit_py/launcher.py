@@ -30,6 +30,7 @@ __all__ = ["main", "find_mpirun", "build_command", "split_args"]
 
 _GRACE_SECONDS = 10.0
 _LINGER_SECONDS = 5.0
+_EXIT_GRACE_SECONDS = 10.0
 STATUS_DIR_VARIABLE = "RABIT_RUN_STATUS_DIR"
 
 
@@ -211,6 +212,7 @@ def _supervise(proc: "subprocess.Popen[bytes]", ranks: int, status_dir: str) -> 
     alone_since: Optional[float] = None
     lingered = False
     next_look = 0.0
+    finalized_since: Optional[float] = None
     try:
         while True:
             try:
@@ -227,6 +229,17 @@ def _supervise(proc: "subprocess.Popen[bytes]", ranks: int, status_dir: str) -> 
                 if now < next_look:
                     continue
                 next_look = now + 1.0
+                # Every rank finalized but the job does not end: Open MPI can hang
+                # in MPI_Finalize or in mpirun after a recovery. Stop it.
+                if len(os.listdir(status_dir)) >= ranks:
+                    finalized_since = finalized_since or now
+                    if now - finalized_since > _EXIT_GRACE_SECONDS and not lingered:
+                        lingered = True
+                        print(f"rabit-run: every rank finalized but the job did not exit "
+                              f"within {_EXIT_GRACE_SECONDS:g} s (an Open MPI teardown hang, "
+                              f"seen after recoveries); stopping it", file=sys.stderr,
+                              flush=True)
+                        _kill_job(proc)
                 if _descendants(proc.pid):
                     seen_ranks, alone_since = True, None
                 elif seen_ranks:

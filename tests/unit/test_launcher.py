@@ -121,3 +121,16 @@ def test_lingering_mpirun_is_stopped(tmp_path, finalized, expected):
     code = launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "prog"])
     assert code == expected
     assert time.monotonic() - start < 30
+
+
+def test_job_that_finalized_but_does_not_exit_is_stopped(tmp_path):
+    # Stand-in ranks that report a clean finalize and then hang at exit.
+    fake = tmp_path / "mpirun"
+    fake.write_text("#!/bin/sh\n"
+                    'touch "$RABIT_RUN_STATUS_DIR/rank-0" "$RABIT_RUN_STATUS_DIR/rank-1"\n'
+                    "sleep 300 &\nsleep 300 &\nwait\n")
+    fake.chmod(0o755)
+    start = time.monotonic()
+    code = launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "prog"])
+    assert code == 0
+    assert 10 <= time.monotonic() - start < 30
