@@ -7,8 +7,8 @@ and checkpoint) under ``rabit-run``, once without and ``--runs`` times with a
 rank killed by the mock engine, and reports:
 
 - recovery broken down on the survivors: detection (kill to exception),
-  shrink, spawn, merge/split, replay (repaired to back in step), and the wall
-  time the failure added to the job;
+  shrink, spawn, merge/split, replay (repaired to back in step), and the time
+  the failure added to the job (whole job, and the training loop alone);
 - checkpoint cost against model size (a global and a local model of that size)
   on the robust and the plain engine, side by side in the failure-free job;
 - the memory held by the result cache at the end of a round.
@@ -92,8 +92,8 @@ def launch(ranks: int, env: Dict[str, str], extra: List[str]) -> tuple:
     cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", str(ranks), "--",
            sys.executable, os.path.abspath(__file__), "--worker"] + extra
     start = time.time()
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                         env={**os.environ, **env}).stdout
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=900, env={**os.environ, **env}).stdout
     wall = time.time() - start
     reports = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("REPORT ")]
     if len(reports) != ranks:
@@ -116,8 +116,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return worker(args)
 
     common = ["--rounds", str(args.rounds), "--elements", str(args.elements)]
-    base_wall, base, _ = launch(args.ranks, {"RABIT_ENGINE": "robust"},
-                                common + ["--checkpoint-sizes"])
+    base_wall, base, _ = launch(args.ranks, {"RABIT_ENGINE": "robust"}, common)
+    _, sized, _ = launch(args.ranks, {"RABIT_ENGINE": "robust"},
+                         ["--rounds", "1", "--checkpoint-sizes"])
     runs = []
     for i in range(args.runs):
         victim = 1 + i % (args.ranks - 1)
@@ -134,6 +135,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             "merge": max(r["repair"]["merge"] for r in survivors),
             "replay": max(r["resumed"] - r["repaired"] for r in rec),
             "added_wall": wall - base_wall,
+            "added_loop": (max(r["elapsed"] for r in survivors)
+                           - max(r["elapsed"] for r in base)),
         }
         runs.append({"plan": plan, "wall": wall, "steps": steps})
 
@@ -147,8 +150,8 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"{statistics.median(r['wall'] for r in runs):.2f} s")
     cache = max(r["cache_bytes_per_round"] for r in base)
     print(f"result cache at the end of a round: {cache} bytes per rank "
-          f"({4} allreduces of a {args.elements}-element float64 gradient + 3 scalars)")
-    costs = base[0]["checkpoint"]
+          f"(one allreduce of a {args.elements}-element float64 gradient + 3 of a scalar)")
+    costs = sized[0]["checkpoint"]
     print("\ncheckpoint(global, local) cost, ms (each model of the given size)")
     print(f"{'size':>10} {'robust':>10} {'plain':>10}")
     for size in SIZES:
