@@ -151,6 +151,14 @@ def build_command(argv: Sequence[str], is_root: Optional[bool] = None,
     return cmd + passthrough + program
 
 
+def _clean_exits(status_dir: str) -> int:
+    """Ranks whose every engine finalized cleanly before the process exited
+    (the engines leave ``rank-R.ok`` / ``rank-R.failed`` marks at exit)."""
+    names = os.listdir(status_dir)
+    failed = {n.rsplit(".", 1)[0] for n in names if n.endswith(".failed")}
+    return len({n.rsplit(".", 1)[0] for n in names if n.endswith(".ok")} - failed)
+
+
 def _descendants(pid: int) -> List[int]:
     """Every live descendant of ``pid`` (Linux /proc; empty elsewhere)."""
     children: dict = {}
@@ -231,7 +239,7 @@ def _supervise(proc: "subprocess.Popen[bytes]", ranks: int, status_dir: str) -> 
                 next_look = now + 1.0
                 # Every rank finalized but the job does not end: Open MPI can hang
                 # in MPI_Finalize or in mpirun after a recovery. Stop it.
-                if len(os.listdir(status_dir)) >= ranks:
+                if _clean_exits(status_dir) >= ranks:
                     finalized_since = finalized_since or now
                     if now - finalized_since > _EXIT_GRACE_SECONDS and not lingered:
                         lingered = True
@@ -240,6 +248,8 @@ def _supervise(proc: "subprocess.Popen[bytes]", ranks: int, status_dir: str) -> 
                               f"seen after recoveries); stopping it", file=sys.stderr,
                               flush=True)
                         _kill_job(proc)
+                else:
+                    finalized_since = None
                 if _descendants(proc.pid):
                     seen_ranks, alone_since = True, None
                 elif seen_ranks:
@@ -255,8 +265,7 @@ def _supervise(proc: "subprocess.Popen[bytes]", ranks: int, status_dir: str) -> 
     if received:
         return 128 + received[0]
     if lingered:
-        done = len(os.listdir(status_dir))
-        return 0 if done >= ranks else 1
+        return 0 if _clean_exits(status_dir) >= ranks else 1
     return code if code >= 0 else 128 - code
 
 

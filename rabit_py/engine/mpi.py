@@ -115,6 +115,10 @@ class MpiEngine(Engine):
             # A rank that leaves without finalize() (sys.exit, a return) must not
             # leave its peers waiting: finalize on its behalf, which tells them.
             atexit.register(self._at_exit)
+        # At exit (after the program's own code, before MPI_Finalize), tell
+        # rabit-run how this engine ended; handlers run newest first.
+        self._clean_exit = False
+        atexit.register(lambda: _report_exit(self._rank, self._clean_exit))
         if self._watchdog is not None and not self._ulfm:
             log.debug("rank %d: no MPI fault tolerance: a timeout aborts the job "
                       "(launch with rabit-run to get CollectiveTimeoutError instead)", self._rank)
@@ -333,7 +337,7 @@ class MpiEngine(Engine):
         try:
             if self._broken is None:
                 self._finalize_sync()
-                _report_finalized(self._rank)
+                self._clean_exit = True
         finally:
             self._finalized = True
             atexit.unregister(self._at_exit)
@@ -546,12 +550,14 @@ class MpiEngine(Engine):
         sys.excepthook = hook
 
 
-def _report_finalized(rank: int) -> None:
-    """Leave a mark for rabit-run that this rank finalized cleanly."""
+def _report_exit(rank: int, clean: bool) -> None:
+    """Leave rabit-run a mark of how this rank's engine ended, as the process
+    exits: ``rank-R.ok`` after a clean finalize, ``rank-R.failed`` otherwise."""
     status_dir = os.environ.get("RABIT_RUN_STATUS_DIR")
     if status_dir and os.path.isdir(status_dir):
         try:
-            open(os.path.join(status_dir, f"rank-{rank}"), "w").close()
+            open(os.path.join(status_dir, f"rank-{rank}.{'ok' if clean else 'failed'}"),
+                 "w").close()
         except OSError:
             pass
 

@@ -110,10 +110,10 @@ def test_ctrl_c_reaps_the_whole_job(tmp_path):
 def test_lingering_mpirun_is_stopped(tmp_path, finalized, expected):
     # A stand-in for an mpirun that stays after its ranks ended (seen with Open MPI
     # after recoveries): its "ranks" are two short-lived children.
-    mark = 'touch "$RABIT_RUN_STATUS_DIR/rank-$1"' if finalized else "true"
+    mark = 'touch "$RABIT_RUN_STATUS_DIR/rank-$1.ok"' if finalized else "true"
     fake = tmp_path / "mpirun"
     fake.write_text("#!/bin/sh\n"
-                    f"(sleep 1; r=0; {mark.replace('$1', '0')}) &\n"
+                    f"(sleep 1; {mark.replace('$1', '0')}) &\n"
                     f"(sleep 1; {mark.replace('$1', '1')}) &\n"
                     "wait\nexec sleep 300\n")
     fake.chmod(0o755)
@@ -127,10 +127,20 @@ def test_job_that_finalized_but_does_not_exit_is_stopped(tmp_path):
     # Stand-in ranks that report a clean finalize and then hang at exit.
     fake = tmp_path / "mpirun"
     fake.write_text("#!/bin/sh\n"
-                    'touch "$RABIT_RUN_STATUS_DIR/rank-0" "$RABIT_RUN_STATUS_DIR/rank-1"\n'
+                    'touch "$RABIT_RUN_STATUS_DIR/rank-0.ok" "$RABIT_RUN_STATUS_DIR/rank-1.ok"\n'
                     "sleep 300 &\nsleep 300 &\nwait\n")
     fake.chmod(0o755)
     start = time.monotonic()
     code = launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "prog"])
     assert code == 0
     assert 10 <= time.monotonic() - start < 30
+
+
+def test_work_after_finalize_is_not_cut_short():
+    # Ranks that finalize, then keep working (e.g. saving results) must not be
+    # taken for a job stuck at teardown.
+    program = ("import time, rabit_py as r; r.init(); r.finalize(); r.init(); r.finalize(); "
+               "time.sleep(13); print('saved', flush=True)")
+    code, out = run(rabit_run(2, sys.executable, "-c", program), timeout=120)
+    assert code == 0, out
+    assert out.count("saved") == 2 and "stopping it" not in out
