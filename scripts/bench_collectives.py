@@ -276,6 +276,11 @@ def report(rows: List[dict], names: List[str]) -> str:
                              f"{paired_ratio(paired, samples[n]):6.2f}")
             cost = (t[f"rabit {kind} check=on"] - t[f"rabit {kind} check=off"]) * 1e6
             lines.append(" | ".join(cells) + f" | {cost:13.1f}")
+    phase_raws = sorted({raw for n, raw in PAIRED_RAW.items() if n in names})
+    for raw in phase_raws:
+        cells = ", ".join(f"{human(row['bytes'])} {median(row['seconds'][raw]) * 1e6:.1f}"
+                          for row in rows)
+        lines.append(f"\n{raw}, us: {cells}")
     return "\n".join(lines)
 
 
