@@ -69,6 +69,8 @@ CASES = {
     "rank0": ("0,3,1,0", {0}),
     "two_at_once_with_rank0": ("0,2,1,0;2,2,1,0", {0, 2}),
     "replacement_dies_again": ("1,1,1,0;1,1,3,1", {1}),
+    # the replacement dies while its calls are being served: recovery restarts
+    "dies_during_replay": ("1,2,3,0;1,2,1,1", {1}),
     "two_versions": ("2,1,2,0;3,4,3,0", {2, 3}),
 }
 
