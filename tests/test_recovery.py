@@ -158,3 +158,12 @@ def test_local_model_lost_with_its_replicas():
     errors = parse(out, "RECOVERY_ERROR")
     assert errors, out[-6000:]
     assert all("local model of rank 1 at version 2 is lost" in e["message"] for e in errors)
+
+
+def test_recoveries_are_capped():
+    code, out, _, results = run_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": "2,1,2,0;3,3,1,0",
+                                     "RABIT_MAX_RECOVERIES": "1"})
+    errors = parse(out, "RECOVERY_ERROR")
+    assert errors and results == [], out[-6000:]
+    assert all("1 recoveries already in this job (RABIT_MAX_RECOVERIES=1); giving up"
+               in e["message"] for e in errors)
