@@ -19,17 +19,25 @@ never reached a collective.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["Watchdog", "exchange_positions", "Position"]
+from ._signature import Kind
+
+log = logging.getLogger("rabit_py")
+
+__all__ = ["Watchdog", "exchange_positions", "Position", "announce", "find_notice",
+           "timeout_message", "TIMEOUT_NOTICE_TAG", "FATAL_NOTICE_TAG"]
 
 # (version, seqno, kind, timed_out)
 Position = Tuple[int, int, int, int]
 _TAG = 7311
+TIMEOUT_NOTICE_TAG = 7312
+FATAL_NOTICE_TAG = 7313
 
 
 class Watchdog:
@@ -113,3 +121,77 @@ def exchange_positions(comm: Any, rank: int, size: int, mine: Position,
     except Exception:  # noqa: BLE001 - best effort, the caller raises the real error
         pass
     return heard
+
+
+def announce(ctrl: Any, comm: Any, rank: int, size: int, tag: int) -> None:
+    """Tell every peer why this rank is about to break the job (a timeout, or
+    an uncaught exception), then revoke ``comm`` to wake them (ULFM only).
+
+    With ULFM, MPI_Abort does not reliably end a job whose ranks are busy
+    recovering: the peers must learn, while this rank is still alive, that
+    this is not a failure to recover from (they look with :func:`find_notice`).
+    """
+    try:
+        notice = np.array([rank], dtype=np.int64)
+        for peer in range(size):
+            if peer != rank:
+                ctrl.Isend(notice, dest=peer, tag=tag)
+        comm.Revoke()
+        if tag == FATAL_NOTICE_TAG:
+            time.sleep(1.0)     # let the peers see the revoke while we are alive
+    except Exception:  # noqa: BLE001 - best effort on a job that is ending
+        log.exception("rank %d: announcing the end of the job failed", rank)
+
+
+def find_notice(ctrl: Any, wait: float) -> Optional[int]:
+    """The tag of a peer's notice (fatal first), looking for ``wait`` seconds."""
+    from mpi4py import MPI
+
+    deadline = time.monotonic() + wait
+    while True:
+        for tag in (FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG):
+            try:
+                if ctrl.Iprobe(source=MPI.ANY_SOURCE, tag=tag):
+                    return tag
+            except MPI.Exception:   # a dead peer on the control communicator
+                return None
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.002)
+
+
+def timeout_message(rank: int, size: int, timeout: float, token: tuple,
+                    positions: Dict[int, Position]) -> str:
+    """The text of a ``CollectiveTimeoutError``: the call, who timed out, who
+    did not arrive, who waited elsewhere, and what to do."""
+    kind, version, seqno = token
+    call = f"{Kind.NAMES.get(kind, kind)} #{seqno} (version {version})"
+    here = (version, seqno, kind)
+    waiting = sorted(r for r, p in positions.items() if p[:3] == here)
+    elsewhere = sorted((r, p) for r, p in positions.items() if p[:3] != here)
+    missing = sorted(set(range(size)) - set(positions))
+    timed_out = sorted(r for r, p in positions.items() if p[3])
+    if rank in timed_out:
+        head = f"rank {rank}: {call} did not complete within {timeout:g} s."
+    else:
+        head = (f"rank {rank}: {call} was aborted: rank(s) {_list(timed_out)} timed out "
+                f"after {timeout:g} s.")
+    parts = [head]
+    if len(positions) > 1 or missing:
+        if missing:
+            parts.append(f"Rank(s) {_list(missing)} did not arrive "
+                         f"(ranks {_list(waiting)} were waiting in it).")
+        for r, p in elsewhere:
+            parts.append(f"Rank {r} was waiting in {Kind.NAMES.get(p[2], p[2])} "
+                         f"#{p[1]} (version {p[0]}) instead.")
+    else:
+        parts.append("Which ranks did not arrive is unknown (no peer answered).")
+    parts.append("A rank that stops calling collectives (an exception, an early return, "
+                 "a long computation) leaves the others waiting; if the work between two "
+                 "collectives is legitimately long, raise RABIT_TIMEOUT / "
+                 "init(timeout=...). This engine cannot be used any more: end the job.")
+    return " ".join(parts)
+
+
+def _list(ranks: Any) -> str:
+    return ",".join(str(r) for r in ranks) or "none"

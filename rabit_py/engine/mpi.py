@@ -15,7 +15,6 @@ import logging
 import os
 import pickle
 import sys
-import time
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -32,7 +31,8 @@ from ._broadcast import (ARRAY, ERROR, HEADER_LEN, INLINE_DIMS, header_dtype, in
 from ._signature import (N_FIELDS, OBJECT, Call, Kind, agrees, call_signature, call_values,
                          describe_mismatch, fill_vector, mismatched_fields)
 from ._validate import check_allgather, check_allreduce, check_array_broadcast, check_root
-from ._watchdog import Position, Watchdog, exchange_positions
+from ._watchdog import (FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, Position, Watchdog, announce,
+                        exchange_positions, find_notice, timeout_message)
 from .base import CheckpointResult, Engine, PrepareFn
 
 __all__ = ["MpiEngine", "ulfm_enabled"]
@@ -49,8 +49,7 @@ _ERR_PROC_FAILED = getattr(MPI, "ERR_PROC_FAILED", 75)
 _ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
 
 _NO_LAZY = object()
-TIMEOUT_NOTICE_TAG = 7312
-FATAL_NOTICE_TAG = 7313
+
 
 
 def ulfm_enabled() -> bool:
@@ -468,69 +467,14 @@ class MpiEngine(Engine):
         self._comm.Abort(1)
 
     def _announce(self, tag: int) -> None:
-        """Tell every peer why this rank is about to break the job (a timeout, or
-        an uncaught exception), then revoke the communicator to wake them.
-
-        With ULFM, MPI_Abort does not reliably end a job whose ranks are busy
-        recovering: the peers must learn, while this rank is still alive, that
-        this is not a failure to recover from (they look with ``Iprobe``).
-        """
-        if not self._ulfm or self._size == 1:
-            return
-        try:
-            notice = np.array([self._rank], dtype=np.int64)
-            for peer in range(self._size):
-                if peer != self._rank:
-                    self._ctrl.Isend(notice, dest=peer, tag=tag)
-            self._comm.Revoke()
-            if tag == FATAL_NOTICE_TAG:
-                time.sleep(1.0)     # let the peers see the revoke while we are alive
-        except Exception:  # noqa: BLE001 - best effort on a job that is ending
-            log.exception("rank %d: announcing the end of the job failed", self._rank)
+        if self._ulfm and self._size > 1:
+            announce(self._ctrl, self._comm, self._rank, self._size, tag)
 
     def _notice(self, wait: float = 0.05) -> Optional[int]:
-        """The tag of a peer's notice (fatal first), looking for ``wait`` seconds."""
-        deadline = time.monotonic() + wait
-        while True:
-            for tag in (FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG):
-                try:
-                    if self._ctrl.Iprobe(source=MPI.ANY_SOURCE, tag=tag):
-                        return tag
-                except MPI.Exception:   # a dead peer on the control communicator
-                    return None
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(0.002)
+        return find_notice(self._ctrl, wait)
 
     def _timeout_message(self, token: tuple, positions: Dict[int, Position]) -> str:
-        kind, version, seqno = token
-        call = f"{Kind.NAMES.get(kind, kind)} #{seqno} (version {version})"
-        here = (version, seqno, kind)
-        waiting = sorted(r for r, p in positions.items() if p[:3] == here)
-        elsewhere = sorted((r, p) for r, p in positions.items() if p[:3] != here)
-        missing = sorted(set(range(self._size)) - set(positions))
-        timed_out = sorted(r for r, p in positions.items() if p[3])
-        if self._rank in timed_out:
-            head = (f"rank {self._rank}: {call} did not complete within "
-                    f"{self._config.timeout:g} s.")
-        else:
-            head = (f"rank {self._rank}: {call} was aborted: rank(s) "
-                    f"{_list(timed_out)} timed out after {self._config.timeout:g} s.")
-        parts = [head]
-        if len(positions) > 1 or missing:
-            if missing:
-                parts.append(f"Rank(s) {_list(missing)} did not arrive "
-                             f"(ranks {_list(waiting)} were waiting in it).")
-            for r, p in elsewhere:
-                parts.append(f"Rank {r} was waiting in {Kind.NAMES.get(p[2], p[2])} "
-                             f"#{p[1]} (version {p[0]}) instead.")
-        else:
-            parts.append("Which ranks did not arrive is unknown (no peer answered).")
-        parts.append("A rank that stops calling collectives (an exception, an early return, "
-                     "a long computation) leaves the others waiting; if the work between two "
-                     "collectives is legitimately long, raise RABIT_TIMEOUT / "
-                     "init(timeout=...). This engine cannot be used any more: end the job.")
-        return " ".join(parts)
+        return timeout_message(self._rank, self._size, self._config.timeout, token, positions)
 
     def _install_excepthook(self) -> None:
         # An uncaught exception on one rank would leave the others waiting (with
@@ -569,7 +513,3 @@ def _abort_init(comm: Any, rank: int, timeout: float) -> None:
         f"Aborting the job.\n")
     sys.stderr.flush()
     comm.Abort(1)
-
-
-def _list(ranks: Any) -> str:
-    return ",".join(str(r) for r in ranks) or "none"

@@ -50,10 +50,9 @@ from ._cache import BOOT, Entry, ResultCache
 from ._repair import JoinState, RepairTimes, is_replacement, join_as_replacement, repair
 from ._signature import Kind
 from ._validate import check_allreduce
-from ._watchdog import Watchdog
+from ._watchdog import FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, Watchdog
 from .base import CheckpointResult, PrepareFn
-from .mpi import (_ERR_PROC_FAILED, _ERR_REVOKED, _NO_LAZY, FATAL_NOTICE_TAG,
-                  TIMEOUT_NOTICE_TAG, MpiEngine, ulfm_enabled)
+from .mpi import _ERR_PROC_FAILED, _ERR_REVOKED, _NO_LAZY, MpiEngine, ulfm_enabled
 
 __all__ = ["RobustEngine"]
 
