@@ -5,6 +5,8 @@ exception on one rank, a rank that never calls init()."""
 import sys
 import time
 
+import pytest
+
 from ._proc import rabit_run, run
 
 SKIPPER = """
@@ -39,30 +41,26 @@ def timed_run(cmd):
     return code, out, time.monotonic() - start
 
 
-def test_timeout_without_fault_tolerance_aborts_with_the_message():
-    code, out, elapsed = timed_run(
-        [sys.executable, "-m", "rabit_py.launcher", "-n", "2", "--no-ft", "--",
-         sys.executable, "-c", SKIPPER])
+@pytest.mark.parametrize("case,expected", [
+    ("timeout_without_fault_tolerance",
+     ["CollectiveTimeoutError: rank 0: allreduce #0 (version 0) did not complete within 2 s",
+      "aborting the job"]),
+    ("uncaught_exception_on_one_rank",
+     ["RuntimeError: bug on rank 1", "rank 1: uncaught RuntimeError; aborting the job"]),
+    ("rank_missing_at_init", ["rank 0: init() did not complete within 2 s"]),
+])
+def test_job_ends_with_the_message(case, expected):
+    if case == "timeout_without_fault_tolerance":
+        cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", "2", "--no-ft", "--",
+               sys.executable, "-c", SKIPPER]
+    else:
+        program = RAISER if case == "uncaught_exception_on_one_rank" else LATE_INIT
+        cmd = rabit_run(2, sys.executable, "-c", program)
+    code, out, elapsed = timed_run(cmd)
     assert code != 0
-    assert ("CollectiveTimeoutError: rank 0: allreduce #0 (version 0) did not complete "
-            "within 2 s") in out
-    assert "aborting the job" in out
-    assert elapsed < 30
-
-
-def test_uncaught_exception_on_one_rank_ends_the_job():
-    code, out, elapsed = timed_run(rabit_run(2, sys.executable, "-c", RAISER))
-    assert code != 0
-    assert "RuntimeError: bug on rank 1" in out
-    assert "rank 1: uncaught RuntimeError; aborting the job" in out
-    assert elapsed < 30
-
-
-def test_rank_missing_at_init_aborts():
-    code, out, elapsed = timed_run(rabit_run(2, sys.executable, "-c", LATE_INIT))
-    assert code != 0
-    assert "rank 0: init() did not complete within 2 s" in out
-    assert elapsed < 30
+    for text in expected:
+        assert text in out, out[-4000:]
+    assert elapsed < 30      # a generous bound: the point is "no hang", not speed
 
 
 EARLY_EXIT = """
