@@ -160,11 +160,15 @@ def _clean_exits(status_dir: str) -> int:
 
 
 def _descendants(pid: int) -> List[int]:
-    """Every live descendant of ``pid`` (Linux /proc; empty elsewhere)."""
+    """Every live (not zombie) descendant of ``pid`` (Linux /proc; empty elsewhere)."""
     children: dict = {}
     for entry in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = entry.read_text().rsplit(")", 1)[1].split()
+            if fields[0] == "Z":
+                # An ended rank that mpirun has not reaped (seen when it hangs
+                # after an abort): not alive.
+                continue
             children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
         except (OSError, IndexError, ValueError):
             continue

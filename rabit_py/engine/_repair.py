@@ -5,8 +5,11 @@ Survivors: revoke the broken communicator (so that every rank leaves its
 blocked call), shrink it to the living, learn which ranks died, spawn one
 replacement per dead rank running the same program, merge, and split with the
 old rank numbers as keys, so each replacement gets the number of the rank it
-replaces and the world size is restored. Any MPI error on the way (another rank
-died) starts the repair again from the communicator in hand.
+replaces and the world size is restored. Before spawning, the survivors check
+together (``check_dead``) that what the dead ranks need can be recovered at
+all, so that no replacement is started for a job that is lost anyway. Any MPI
+error on the way (another rank died) starts the repair again from the
+communicator in hand.
 
 Replacements: ``MPI.Comm.Get_parent()`` is not null; they merge with the
 survivors, receive the job's state (which ranks they replace and the
@@ -23,7 +26,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from mpi4py import MPI
 
@@ -74,7 +77,8 @@ def _spawn_info() -> "MPI.Info":
 
 
 def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
-           make_state: Any, times: RepairTimes, max_attempts: int = 10
+           make_state: Any, times: RepairTimes, max_attempts: int = 10,
+           check_dead: Optional[Callable[["MPI.Intracomm", List[int]], None]] = None
            ) -> Tuple["MPI.Intracomm", List[int]]:
     """Survivor side of Note [repair].
 
@@ -84,13 +88,17 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
         size: the job's world size.
         make_state: ``make_state(dead) -> JoinState`` on survivor 0.
         times: filled with the time of each step.
+        check_dead: ``check_dead(shrunk, dead)``, called by every survivor
+            (collectively on the shrunk communicator) before spawning; raises
+            ``RecoveryError`` when the dead ranks cannot be recovered.
 
     Returns:
         The repaired communicator (size ``size``, this process at ``my_rank``)
         and the ranks that were replaced.
 
     Raises:
-        RecoveryError: the repair failed ``max_attempts`` times in a row.
+        RecoveryError: the repair failed ``max_attempts`` times in a row, or
+            ``check_dead`` found the dead ranks unrecoverable.
     """
     current = comm
     replaced: List[int] = []
@@ -117,6 +125,8 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
                 new.Set_errhandler(MPI.ERRORS_RETURN)
                 shrunk.Free()
                 return new, replaced
+            if check_dead is not None:
+                check_dead(shrunk, dead)
             t0 = time.perf_counter()
             program, args = spawn_command()
             inter = shrunk.Spawn(program, args=args, maxprocs=len(dead), root=0,

@@ -15,6 +15,7 @@ import logging
 import os
 import pickle
 import sys
+import threading
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -464,7 +465,7 @@ class MpiEngine(Engine):
             f"blocked collective cannot be interrupted. Launch with rabit-run (or mpirun "
             f"--with-ft ulfm) to get a CollectiveTimeoutError exception instead.\n")
         sys.stderr.flush()
-        self._comm.Abort(1)
+        abort_job(self._comm, self._rank)
 
     def _announce(self, tag: int) -> None:
         if self._ulfm and self._size > 1:
@@ -488,7 +489,7 @@ class MpiEngine(Engine):
                              f"aborting the job so the other ranks do not wait for it\n")
             sys.stderr.flush()
             self._announce(FATAL_NOTICE_TAG)
-            self._comm.Abort(1)
+            abort_job(self._comm, self._rank)
 
         self._saved_excepthook = previous
         sys.excepthook = hook
@@ -512,4 +513,18 @@ def _abort_init(comm: Any, rank: int, timeout: float) -> None:
         f"the communicator did not call rabit.init() (it failed or is stuck before it). "
         f"Aborting the job.\n")
     sys.stderr.flush()
-    comm.Abort(1)
+    abort_job(comm, rank)
+
+
+def abort_job(comm: Any, rank: int, code: int = 1, fallback_s: float = 10.0) -> None:
+    """``MPI_Abort`` on ``comm``, made sure to end this process.
+
+    With ULFM, ``MPI_Abort`` can block for good when the job is recovering or
+    already revoked (seen in CI); the process then ends itself after
+    ``fallback_s`` seconds, leaving rabit-run a ``rank-R.failed`` mark first
+    (``os._exit`` skips the atexit hook that writes it)."""
+    _report_exit(rank, False)
+    timer = threading.Timer(fallback_s, os._exit, (code,))
+    timer.daemon = True
+    timer.start()
+    comm.Abort(code)

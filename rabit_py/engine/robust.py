@@ -52,7 +52,8 @@ from ._signature import Kind
 from ._validate import check_allreduce
 from ._watchdog import FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, Watchdog
 from .base import CheckpointResult, PrepareFn
-from .mpi import _ERR_PROC_FAILED, _ERR_REVOKED, _NO_LAZY, MpiEngine, ulfm_enabled
+from .mpi import (_ERR_PROC_FAILED, _ERR_REVOKED, _NO_LAZY, MpiEngine, abort_job,
+                  ulfm_enabled)
 
 __all__ = ["RobustEngine"]
 
@@ -331,9 +332,7 @@ class RobustEngine(MpiEngine):
         root = comm.allreduce(self._rank if self._has_version else self._size, op=MPI.MIN)
         blob = self._committed_global() if self._rank == root else None
         blob = comm.bcast(blob, root=root)
-        holdings = comm.allgather((requesting, self._has_version,
-                                   sorted(self._replicas) if self._has_version else [],
-                                   self._local_blob is not None))
+        holdings = comm.allgather(self._holding(requesting))
         uses_local = any(h[3] for h in holdings)
         mine: Optional[bytes] = self._local_blob
         for owner, (asks, has_version, _, _) in enumerate(holdings):
@@ -342,11 +341,7 @@ class RobustEngine(MpiEngine):
             holder = next((r for r, h in enumerate(holdings) if h[1] and owner in h[2]), None)
             if holder is None:
                 if uses_local:
-                    raise RecoveryError(
-                        f"rank {self._rank}: the local model of rank {owner} at version "
-                        f"{version} is lost with all its replicas (RABIT_REPLICAS="
-                        f"{self._config.replicas}); the job must restart from a durable "
-                        f"checkpoint")
+                    raise self._local_model_lost(owner, version)
                 continue
             if self._rank == holder:
                 comm.send(self._replicas[owner], dest=owner, tag=_LOCAL_TAG)
@@ -359,6 +354,32 @@ class RobustEngine(MpiEngine):
             self._has_version = True
         # Give the replacements the replicas they were keeping for their neighbours.
         self._replicas = self._replicate(self._local_blob)
+
+    def _holding(self, requesting: bool) -> Tuple[bool, bool, List[int], bool]:
+        """(asks for the checkpoint, holds a version, owners of the replicas
+        held, keeps a local model) -- what the ranks exchange to find who can
+        give a replacement its local model."""
+        return (requesting, self._has_version,
+                sorted(self._replicas) if self._has_version else [],
+                self._local_blob is not None)
+
+    def _local_model_lost(self, owner: int, version: int) -> RecoveryError:
+        self._broken = (f"rank {self._rank}: the local model of rank {owner} at version "
+                        f"{version} is lost with all its replicas (RABIT_REPLICAS="
+                        f"{self._config.replicas}); the job must restart from a durable "
+                        f"checkpoint")
+        return RecoveryError(self._broken)
+
+    def _check_dead(self, shrunk: "MPI.Intracomm", dead: List[int]) -> None:
+        """Before spawning replacements: fail at once if a dead rank's local
+        model died with every rank that kept a replica of it."""
+        holdings = shrunk.allgather(self._holding(False))
+        if not any(h[3] for h in holdings):
+            return
+        kept = {owner for h in holdings if h[1] for owner in h[2]}
+        for owner in dead:
+            if owner not in kept:
+                raise self._local_model_lost(owner, self._version)
 
     def _committed_global(self) -> Optional[bytes]:
         if self._lazy_global is not _NO_LAZY:
@@ -417,7 +438,7 @@ class RobustEngine(MpiEngine):
                          f"not complete within {self._config.timeout:g} s; aborting the job "
                          f"(a restart from a durable checkpoint is the way out)\n")
         sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+        abort_job(MPI.COMM_WORLD, self._rank)
 
     def _peer_failed(self, failure: PeerFailure) -> BaseException:
         return failure
@@ -426,9 +447,10 @@ class RobustEngine(MpiEngine):
         """Repair the communicator and enter recovery mode (Note [repair])."""
         self._recoveries += 1
         if self._recoveries > self._config.max_recoveries:
-            raise RecoveryError(
+            self._broken = (
                 f"rank {self._rank}: {self._recoveries - 1} recoveries already in this job "
                 f"(RABIT_MAX_RECOVERIES={self._config.max_recoveries}); giving up")
+            raise RecoveryError(self._broken)
         start = time.perf_counter()
         self.recovery_log.append({"detected": time.time()})
 
@@ -448,7 +470,7 @@ class RobustEngine(MpiEngine):
             guard.enter("repair")
         try:
             new, replaced = repair(self._comm, self._rank, self._size, make_state,
-                                   self.repair_times)
+                                   self.repair_times, check_dead=self._check_dead)
         finally:
             if guard is not None:
                 guard.leave()

@@ -123,6 +123,18 @@ def test_lingering_mpirun_is_stopped(tmp_path, finalized, expected):
     assert time.monotonic() - start < 30
 
 
+def test_mpirun_that_does_not_reap_its_ranks_is_stopped(tmp_path):
+    # Seen after an abort under ULFM: the ranks ended, mpirun hangs without
+    # reaping them, so they stay as zombies -- which are not running ranks.
+    fake = tmp_path / "mpirun"
+    fake.write_text("#!/bin/sh\n(sleep 0.5) &\n(sleep 0.5) &\nexec sleep 300\n")
+    fake.chmod(0o755)
+    start = time.monotonic()
+    code = launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "prog"])
+    assert code == 1
+    assert time.monotonic() - start < 30
+
+
 def test_job_that_finalized_but_does_not_exit_is_stopped(tmp_path):
     # Stand-in ranks that report a clean finalize and then hang at exit.
     fake = tmp_path / "mpirun"
@@ -144,3 +156,24 @@ def test_work_after_finalize_is_not_cut_short():
     code, out = run(rabit_run(2, sys.executable, "-c", program), timeout=120)
     assert code == 0, out
     assert out.count("saved") == 2 and "stopping it" not in out
+
+
+def test_an_abort_that_blocks_still_ends_the_rank(tmp_path):
+    # MPI_Abort can block under ULFM; abort_job then ends the process itself
+    # and leaves rabit-run the rank's failure mark.
+    program = (
+        "import time\n"
+        "from rabit_py.engine.mpi import abort_job\n"
+        "class StuckComm:\n"
+        "    def Abort(self, code):\n"
+        "        time.sleep(60)\n"
+        "abort_job(StuckComm(), rank=3, code=7, fallback_s=0.5)\n"
+        "print('returned from abort_job')\n")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
+                          text=True, timeout=30,
+                          env={**os.environ, "RABIT_RUN_STATUS_DIR": str(tmp_path)})
+    assert proc.returncode == 7, proc.stderr
+    assert "returned" not in proc.stdout
+    assert time.monotonic() - start < 20
+    assert sorted(os.listdir(tmp_path)) == ["rank-3.failed"]
