@@ -1,0 +1,674 @@
+"""Distributed gradient-boosted trees, as XGBoost's ``tree_method="hist"``.
+
+Rows are split across ranks; every rank grows the same trees. Per round:
+
+1. gradients and hessians of this rank's rows, quantized to integers on a grid
+   common to all ranks (Note [exact histograms]);
+2. depth-wise growth: per level, gradient/hessian histograms of the nodes
+   being built, summed over ranks with one ``allreduce``; the larger sibling
+   of each pair is the parent's histogram minus the smaller one's;
+3. split finding with XGBoost's gain (``lambda``, ``gamma``,
+   ``min_child_weight``), missing values sent the better way;
+4. the model after the round is the global checkpoint, so a replaced or
+   restarted worker resumes after the last finished round.
+
+# Note [exact histograms]
+Float sums depend on the order of their terms, and that order depends on how
+rows are split. So gradients are rounded to integers on a grid chosen from
+the global largest gradient and row count (as XGBoost does for deterministic
+GPU histograms): every partial sum is an integer below 2**52, exact in
+float64, hence the same for any split. Cut points come from a sample of rows
+chosen by a hash of their global row number, gathered in global order. Each
+round's subsample is drawn the same way. So 1, 2 or 4 workers grow
+bit-identical models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+import rabit_py as rabit
+
+from ._common import (DataError, agree, ensure_init, exact_sum, global_offset, progress,
+                      resume_state, splitmix64)
+from .data import check_features, check_labels, load_shard
+
+__all__ = ["train", "Booster", "DataError", "main"]
+
+_ALIASES = {"learning_rate": "eta", "reg_lambda": "lambda", "min_split_loss": "gamma",
+            "random_state": "seed", "n_estimators": None}
+_DEFAULTS: Dict[str, Any] = {
+    "objective": "reg:squarederror", "eta": 0.3, "max_depth": 6, "min_child_weight": 1.0,
+    "lambda": 1.0, "gamma": 0.0, "max_bin": 256, "subsample": 1.0, "colsample_bytree": 1.0,
+    "seed": 0, "num_class": 0, "eval_metric": None, "base_score": None,
+}
+_IGNORED = {"tree_method", "nthread", "n_jobs", "verbosity", "silent", "device"}
+_OBJECTIVES = ("binary:logistic", "reg:squarederror", "multi:softprob")
+_METRICS = ("logloss", "auc", "rmse", "merror", "mlogloss", "error")
+_DEFAULT_METRIC = {"binary:logistic": "logloss", "reg:squarederror": "rmse",
+                   "multi:softprob": "mlogloss"}
+_SKETCH_ROWS = 100_000      # rows sampled (globally) to choose the cut points
+_EPS = 1e-6                 # XGBoost's kRtEps: smallest loss change worth a split
+
+
+def _normalize(params: Dict[str, Any]) -> Dict[str, Any]:
+    out = dict(_DEFAULTS)
+    for key, value in params.items():
+        if key in _IGNORED:
+            continue
+        name = _ALIASES.get(key, key)
+        if name is None or name not in _DEFAULTS:
+            known = sorted(set(_DEFAULTS) | {a for a, n in _ALIASES.items() if n})
+            raise ValueError(f"unknown GBDT parameter {key!r}; known: {', '.join(known)}")
+        out[name] = value
+    if out["objective"] not in _OBJECTIVES:
+        raise ValueError(f"objective {out['objective']!r} is not supported; use one of "
+                         f"{', '.join(_OBJECTIVES)}")
+    if out["objective"] == "multi:softprob" and int(out["num_class"]) < 2:
+        raise ValueError("multi:softprob needs num_class >= 2")
+    for key, low, high in (("eta", 0.0, math.inf), ("subsample", 0.0, 1.0),
+                           ("colsample_bytree", 0.0, 1.0)):
+        if not low < float(out[key]) <= high:
+            raise ValueError(f"{key}={out[key]} is outside ({low}, {high}]")
+    if not 1 <= int(out["max_depth"]) <= 30:
+        raise ValueError(f"max_depth={out['max_depth']} must be in [1, 30]")
+    if not 2 <= int(out["max_bin"]) <= 65534:
+        raise ValueError(f"max_bin={out['max_bin']} must be in [2, 65534]")
+    for key in ("lambda", "gamma", "min_child_weight"):
+        if float(out[key]) < 0:
+            raise ValueError(f"{key}={out[key]} must be >= 0")
+    metrics = out["eval_metric"] or [_DEFAULT_METRIC[out["objective"]]]
+    out["eval_metric"] = [metrics] if isinstance(metrics, str) else list(metrics)
+    for m in out["eval_metric"]:
+        if m not in _METRICS:
+            raise ValueError(f"eval_metric {m!r} is not supported; use {', '.join(_METRICS)}")
+    return out
+
+
+# ---------------------------------------------------------------- the model
+class Booster:
+    """A trained model: trees over raw feature values. ``predict`` needs no MPI."""
+
+    def __init__(self, params: Dict[str, Any], base_score: float, n_features: int) -> None:
+        self.params = params
+        self.base_score = base_score
+        self.n_features = n_features
+        self.trees: List[Dict[str, np.ndarray]] = []   # per round: num_class (or 1) trees
+        self.evals_result: Dict[str, Dict[str, List[float]]] = {}
+        self.best_iteration: Optional[int] = None
+        self.best_score: Optional[float] = None
+
+    @property
+    def num_trees_per_round(self) -> int:
+        return int(self.params["num_class"]) if self.params["objective"] == "multi:softprob" \
+            else 1
+
+    def num_boosted_rounds(self) -> int:
+        """Rounds in the model."""
+        return len(self.trees) // self.num_trees_per_round
+
+    def predict(self, X: np.ndarray, output_margin: bool = False,
+                iteration_range: Optional[Tuple[int, int]] = None) -> np.ndarray:
+        """Predictions for the rows of ``X``: probabilities for
+        ``binary:logistic`` (n,), class probabilities for ``multi:softprob``
+        (n, num_class), values for ``reg:squarederror``; raw scores with
+        ``output_margin``. NaN is a missing value.
+
+        Raises:
+            ValueError: ``X`` does not have the model's number of features.
+        """
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.n_features:
+            raise ValueError(f"X has shape {X.shape}; the model was trained on "
+                             f"{self.n_features} features")
+        first, last = iteration_range or (0, self.num_boosted_rounds())
+        k = self.num_trees_per_round
+        margin = np.full((X.shape[0], k), self.base_score)
+        for i in range(first * k, last * k):
+            margin[:, i % k] += _apply_raw(self.trees[i], X)
+        if output_margin:
+            return margin[:, 0] if k == 1 else margin
+        return _transform(self.params["objective"], margin)
+
+    # ---------------------------------------------------------- persistence
+    def to_dict(self) -> Dict[str, Any]:
+        return {"format": "rabit_py.gbdt/1", "params": self.params,
+                "base_score": self.base_score, "n_features": self.n_features,
+                "trees": [{k: v.tolist() for k, v in t.items()} for t in self.trees],
+                "evals_result": self.evals_result, "best_iteration": self.best_iteration,
+                "best_score": self.best_score}
+
+    @classmethod
+    def from_dict(cls, state: Dict[str, Any]) -> "Booster":
+        if state.get("format") != "rabit_py.gbdt/1":
+            raise ValueError(f"not a rabit_py GBDT model (format {state.get('format')!r})")
+        booster = cls(state["params"], float(state["base_score"]), int(state["n_features"]))
+        booster.trees = [{k: np.asarray(v, dtype=_TREE_DTYPES[k]) for k, v in t.items()}
+                         for t in state["trees"]]
+        booster.evals_result = state["evals_result"]
+        booster.best_iteration = state["best_iteration"]
+        booster.best_score = state["best_score"]
+        return booster
+
+    def save_model(self, path: str) -> None:
+        """Write the model as JSON (floats round-trip exactly)."""
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f)
+
+    @classmethod
+    def load_model(cls, path: str) -> "Booster":
+        """Read a model written by :meth:`save_model`.
+
+        Raises:
+            ValueError: the file is not a rabit_py GBDT model.
+        """
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
+
+
+_TREE_DTYPES = {"feature": np.int32, "bin": np.int32, "threshold": np.float64,
+                "default_left": np.bool_, "left": np.int32, "right": np.int32,
+                "value": np.float64}
+
+
+def _apply_raw(tree: Dict[str, np.ndarray], X: np.ndarray) -> np.ndarray:
+    node = np.zeros(X.shape[0], dtype=np.int32)
+    left, right = tree["left"], tree["right"]
+    rows = np.arange(X.shape[0])
+    while True:
+        inner = left[node] >= 0
+        if not inner.any():
+            return tree["value"][node]
+        r = rows[inner]
+        n = node[inner]
+        x = X[r, tree["feature"][n]]
+        go_left = np.where(np.isnan(x), tree["default_left"][n], x < tree["threshold"][n])
+        node[inner] = np.where(go_left, left[n], right[n])
+
+
+def _transform(objective: str, margin: np.ndarray) -> np.ndarray:
+    if objective == "binary:logistic":
+        return 1.0 / (1.0 + np.exp(-margin[:, 0]))
+    if objective == "multi:softprob":
+        e = np.exp(margin - margin.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+    return margin[:, 0]
+
+
+# ---------------------------------------------------------------- binning
+class _Cuts:
+    """Per-feature cut points: a value x falls in bin ``#edges <= x``; bin
+    ``max_bin`` holds missing values."""
+
+    def __init__(self, edges: List[np.ndarray], max_bin: int) -> None:
+        self.edges = edges
+        self.max_bin = max_bin
+        self.missing = max_bin
+        self.width = max_bin + 1
+        self.dtype = np.uint8 if self.width <= 256 else np.uint16
+        self.n_edges = np.array([e.size for e in edges], dtype=np.int64)
+
+    def bin(self, X: np.ndarray) -> np.ndarray:
+        """Binned features, one contiguous row per feature: shape (F, n)."""
+        out = np.empty((X.shape[1], X.shape[0]), dtype=self.dtype)
+        for f, edges in enumerate(self.edges):
+            col = X[:, f]
+            b = np.searchsorted(edges, col, side="right")
+            b[np.isnan(col)] = self.missing
+            out[f] = b
+        return out
+
+
+def _sketch(X: np.ndarray, offset: int, n_total: int, max_bin: int, seed: int) -> _Cuts:
+    """Cut points from a sample of rows picked by global row number (Note
+    [exact histograms]): the same cuts for any split of the rows."""
+    fraction = min(1.0, _SKETCH_ROWS / max(n_total, 1))
+    rows = np.arange(offset, offset + X.shape[0], dtype=np.uint64)
+    u = (splitmix64(rows ^ np.uint64(0x5EED + seed)) >> np.uint64(11)) * 2.0 ** -53
+    sample = rabit.allgather(np.ascontiguousarray(X[u < fraction]))
+    edges = []
+    for f in range(X.shape[1]):
+        v = np.sort(sample[:, f][~np.isnan(sample[:, f])])
+        if v.size == 0:
+            edges.append(np.empty(0))
+            continue
+        unique = np.unique(v)
+        if unique.size <= max_bin:
+            cut = unique[1:]
+        else:
+            cut = np.unique(v[(np.arange(1, max_bin) * v.size) // max_bin])
+            cut = cut[cut > v[0]]
+        edges.append(np.ascontiguousarray(cut, dtype=np.float64))
+    return _Cuts(edges, max_bin)
+
+
+# ---------------------------------------------------------------- objectives
+def _gradients(objective: str, margin: np.ndarray, y: np.ndarray,
+               num_class: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(g, h), each of shape (n, trees per round)."""
+    if objective == "binary:logistic":
+        p = 1.0 / (1.0 + np.exp(-margin[:, 0]))
+        return (p - y)[:, None], np.maximum(p * (1.0 - p), 1e-16)[:, None]
+    if objective == "multi:softprob":
+        p = _transform(objective, margin)
+        onehot = np.zeros_like(p)
+        onehot[np.arange(y.size), y.astype(np.int64)] = 1.0
+        return p - onehot, np.maximum(2.0 * p * (1.0 - p), 1e-16)
+    return (margin[:, 0] - y)[:, None], np.ones((y.size, 1))
+
+
+def _metric(name: str, objective: str, margin: np.ndarray, y: np.ndarray) -> float:
+    pred = _transform(objective, margin)
+    if name == "rmse":
+        return float(np.sqrt(np.mean((pred - y) ** 2)))
+    if name == "logloss":
+        p = np.clip(pred, 1e-15, 1 - 1e-15)
+        return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+    if name == "error":
+        return float(np.mean((pred > 0.5) != (y > 0.5)))
+    if name == "mlogloss":
+        p = np.clip(pred[np.arange(y.size), y.astype(np.int64)], 1e-15, 1.0)
+        return float(-np.mean(np.log(p)))
+    if name == "merror":
+        return float(np.mean(np.argmax(pred, axis=1) != y))
+    return _auc(pred if pred.ndim == 1 else pred[:, 1], y)
+
+
+def _auc(score: np.ndarray, y: np.ndarray) -> float:
+    """Area under the ROC curve, ties counted half (rank statistic)."""
+    order = np.argsort(score, kind="mergesort")
+    s = score[order]
+    _, first, counts = np.unique(s, return_index=True, return_counts=True)
+    ranks = np.repeat(first + (counts + 1) / 2.0, counts)
+    positives = y[order] > 0.5
+    n_pos = int(positives.sum())
+    n_neg = y.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    return float((ranks[positives].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+# ---------------------------------------------------------------- growing trees
+class _Grower:
+    """Grows one tree per call from quantized gradients of this rank's rows."""
+
+    def __init__(self, bins: np.ndarray, cuts: _Cuts, params: Dict[str, Any]) -> None:
+        self.bins = bins
+        self.cuts = cuts
+        self.lam = float(params["lambda"])
+        self.gamma = float(params["gamma"])
+        self.mcw = float(params["min_child_weight"])
+        self.depth = int(params["max_depth"])
+        self.eta = float(params["eta"])
+        n_edges = cuts.n_edges
+        # valid[f, b]: splitting feature f after bin b leaves both sides non-empty-able.
+        self.valid = np.arange(cuts.width - 1)[None, :] < n_edges[:, None]
+
+    def grow(self, gq: np.ndarray, hq: np.ndarray, scale_g: float, scale_h: float,
+             rows: Optional[np.ndarray], features: np.ndarray
+             ) -> Tuple[Dict[str, np.ndarray], np.ndarray]:
+        """One tree. ``rows``: the sampled local rows (None = all).
+
+        Returns the tree and the leaf of every sampled row (-1 elsewhere)."""
+        n = self.bins.shape[1]
+        node_of_row = np.full(n, -1, dtype=np.int32)
+        node_of_row[rows if rows is not None else slice(None)] = 0
+        tree = {k: [] for k in _TREE_DTYPES}
+        self._add_node(tree)
+        # Root histogram over the sampled rows.
+        hist = self._histograms(node_of_row, np.array([0]), gq, hq, features)  # (2,1,F',B)
+        frontier = np.array([0])
+        totals = hist[:, :, 0, :].sum(axis=2)                       # (2, S): exact integers
+        for depth in range(self.depth):
+            if frontier.size == 0:
+                break
+            G, H = hist[0] / scale_g, hist[1] / scale_h              # (S, F', B)
+            Gt, Ht = totals[0] / scale_g, totals[1] / scale_h
+            best = self._best_splits(G, H, Gt, Ht, features)
+            split_nodes, small_children, large_children, parents_hist, children_totals = \
+                [], [], [], [], []
+            for i, node in enumerate(frontier):
+                gain, f_local, b, default_left = best[i]
+                if not (gain > _EPS and gain >= self.gamma):
+                    tree["value"][node] = self._leaf(Gt[i], Ht[i])
+                    continue
+                f = int(features[f_local])
+                left, right = self._add_node(tree), self._add_node(tree)
+                tree["feature"][node], tree["bin"][node] = f, b
+                tree["threshold"][node] = self.cuts.edges[f][b]
+                tree["default_left"][node] = default_left
+                tree["left"][node], tree["right"][node] = left, right
+                split_nodes.append(node)
+                # Children's exact integer totals, from the parent's histogram.
+                q_left = self._left_totals(hist[:, i, f_local], b, default_left)
+                q_right = totals[:, i] - q_left
+                if depth == self.depth - 1:
+                    tree["value"][left] = self._leaf(q_left[0] / scale_g, q_left[1] / scale_h)
+                    tree["value"][right] = self._leaf(q_right[0] / scale_g,
+                                                      q_right[1] / scale_h)
+                    continue
+                small_is_left = q_left[1] <= q_right[1]
+                small, large = (left, right) if small_is_left else (right, left)
+                small_children.append(small)
+                large_children.append(large)
+                parents_hist.append(i)
+                children_totals.append((q_left, q_right) if small_is_left else (q_right, q_left))
+            if split_nodes:
+                self._route(node_of_row, tree, np.array(split_nodes))
+            if not small_children:
+                break
+            small_hist = self._histograms(node_of_row, np.array(small_children), gq, hq,
+                                          features)
+            large_hist = hist[:, parents_hist] - small_hist
+            frontier = np.array(small_children + large_children)
+            hist = np.concatenate([small_hist, large_hist], axis=1)
+            totals = np.array([t[0] for t in children_totals] + [t[1] for t in children_totals]).T
+        return {k: np.asarray(v, dtype=_TREE_DTYPES[k]) for k, v in tree.items()}, node_of_row
+
+    @staticmethod
+    def _add_node(tree: Dict[str, list]) -> int:
+        for key, default in (("feature", -1), ("bin", -1), ("threshold", 0.0),
+                             ("default_left", False), ("left", -1), ("right", -1),
+                             ("value", 0.0)):
+            tree[key].append(default)
+        return len(tree["left"]) - 1
+
+    def _leaf(self, G: float, H: float) -> float:
+        return float(-G / (H + self.lam) * self.eta)
+
+    def _left_totals(self, hist_f: np.ndarray, b: int, default_left: bool) -> np.ndarray:
+        """(2,) exact totals of the rows going left: bins <= b, plus missing."""
+        left = hist_f[:, :b + 1].sum(axis=1)
+        if default_left:
+            left = left + hist_f[:, -1]
+        return left
+
+    def _histograms(self, node_of_row: np.ndarray, nodes: np.ndarray, gq: np.ndarray,
+                    hq: np.ndarray, features: np.ndarray) -> np.ndarray:
+        """Histograms (2, len(nodes), len(features), width) summed over ranks."""
+        width = self.cuts.width
+        lookup = np.full(max(int(node_of_row.max()), int(nodes.max())) + 1, -1, dtype=np.int64)
+        lookup[nodes] = np.arange(nodes.size)
+        slot = np.where(node_of_row >= 0, lookup[np.maximum(node_of_row, 0)], -1)
+        rows = np.flatnonzero(slot >= 0)
+        everyone = rows.size == node_of_row.size
+        base = slot[rows] * width if nodes.size > 1 else None
+        g = gq if everyone else gq[rows]
+        h = hq if everyone else hq[rows]
+        size = nodes.size * width
+        out = np.empty((2, features.size, nodes.size, width))
+        for i, f in enumerate(features):
+            col = self.bins[f] if everyone else self.bins[f][rows]
+            idx = col if base is None else base + col
+            out[0, i] = np.bincount(idx, weights=g, minlength=size).reshape(nodes.size, width)
+            out[1, i] = np.bincount(idx, weights=h, minlength=size).reshape(nodes.size, width)
+        rabit.allreduce(out, rabit.Op.SUM)
+        return out.transpose(0, 2, 1, 3)
+
+    def _best_splits(self, G: np.ndarray, H: np.ndarray, Gt: np.ndarray, Ht: np.ndarray,
+                     features: np.ndarray) -> List[tuple]:
+        """Per node: (gain, local feature index, bin, default_left)."""
+        lam, mcw = self.lam, self.mcw
+        GL = np.cumsum(G[..., :-1], axis=-1)
+        HL = np.cumsum(H[..., :-1], axis=-1)
+        Gm, Hm = G[..., -1:], H[..., -1:]
+        Gt3, Ht3 = Gt[:, None, None], Ht[:, None, None]
+        parent = Gt ** 2 / (Ht + lam)
+        valid = self.valid[features][None]
+        gains = []
+        for gl, hl in ((GL, HL), (GL + Gm, HL + Hm)):          # missing right, then left
+            gr, hr = Gt3 - gl, Ht3 - hl
+            ok = valid & (hl >= mcw) & (hr >= mcw) & (hl > 0) & (hr > 0)
+            gain = gl ** 2 / (hl + lam) + gr ** 2 / (hr + lam) - parent[:, None, None]
+            gains.append(np.where(ok, gain, -np.inf))
+        both = np.stack(gains, axis=1)                          # (S, 2, F', B-1)
+        flat = both.reshape(both.shape[0], -1)
+        pick = np.argmax(flat, axis=1)
+        out = []
+        for i, p in enumerate(pick):
+            direction, f_local, b = np.unravel_index(p, both.shape[1:])
+            out.append((float(flat[i, p]), int(f_local), int(b), bool(direction == 1)))
+        return out
+
+    def _route(self, node_of_row: np.ndarray, tree: Dict[str, list],
+               split_nodes: np.ndarray) -> None:
+        """Move the rows of the nodes just split to their children."""
+        size = len(tree["left"])
+        is_split = np.zeros(size, dtype=bool)
+        is_split[split_nodes] = True
+        feature = np.asarray(tree["feature"], dtype=np.int64)
+        sbin = np.asarray(tree["bin"], dtype=np.int64)
+        dleft = np.asarray(tree["default_left"], dtype=bool)
+        left = np.asarray(tree["left"], dtype=np.int32)
+        right = np.asarray(tree["right"], dtype=np.int32)
+        rows = np.flatnonzero((node_of_row >= 0) & is_split[np.maximum(node_of_row, 0)])
+        n = node_of_row[rows]
+        v = self.bins[feature[n], rows]
+        go_left = np.where(v == self.cuts.missing, dleft[n], v <= sbin[n])
+        node_of_row[rows] = np.where(go_left, left[n], right[n])
+
+
+def _apply_binned(tree: Dict[str, np.ndarray], bins: np.ndarray, missing: int) -> np.ndarray:
+    """Leaf values of every row, from binned features (same routing as training)."""
+    node = np.zeros(bins.shape[1], dtype=np.int32)
+    left, right = tree["left"], tree["right"]
+    rows = np.arange(bins.shape[1])
+    active = rows
+    while active.size:
+        n = node[active]
+        inner = left[n] >= 0
+        active, n = active[inner], n[inner]
+        if not active.size:
+            break
+        v = bins[tree["feature"][n], active]
+        go_left = np.where(v == missing, tree["default_left"][n], v <= tree["bin"][n])
+        node[active] = np.where(go_left, left[n], right[n])
+    return tree["value"][node]
+
+
+# ---------------------------------------------------------------- training
+def train(params: Dict[str, Any], X: np.ndarray, y: np.ndarray, num_boost_round: int = 10,
+          evals: Sequence[Tuple[np.ndarray, np.ndarray, str]] = (),
+          early_stopping_rounds: Optional[int] = None, verbose_eval: bool = True) -> Booster:
+    """Train a boosted model on the rows of all ranks (``X``, ``y``: this
+    rank's shard, rows in global order by rank).
+
+    Args:
+        params: XGBoost-style parameters: ``objective`` (``binary:logistic``,
+            ``reg:squarederror``, ``multi:softprob`` with ``num_class``),
+            ``eta``, ``max_depth``, ``min_child_weight``, ``lambda``,
+            ``gamma``, ``max_bin``, ``subsample``, ``colsample_bytree``,
+            ``seed``, ``eval_metric``, ``base_score``.
+        X, y: this rank's rows; NaN in ``X`` is a missing value.
+        num_boost_round: rounds to train (the job resumes after the last
+            checkpointed round when restarted or recovered).
+        evals: ``(X, y, name)`` validation shards; metrics are printed per
+            round on rank 0 and kept in ``booster.evals_result``.
+        early_stopping_rounds: stop when the last ``evals`` entry's first
+            metric has not improved for this many rounds.
+        verbose_eval: progress bar and per-round metrics on rank 0.
+
+    Returns:
+        The same :class:`Booster` on every rank.
+
+    Raises:
+        ValueError: bad parameters (before any communication).
+        DataError: on every rank, when any rank's data is bad.
+    """
+    params = _normalize(params)
+    if num_boost_round < 0:
+        raise ValueError(f"num_boost_round={num_boost_round} must be >= 0")
+    if early_stopping_rounds is not None and not evals:
+        raise ValueError("early_stopping_rounds needs at least one entry in evals")
+    ensure_init()
+    objective = params["objective"]
+    k = int(params["num_class"]) if objective == "multi:softprob" else 1
+    kind = {"binary:logistic": "binary", "multi:softprob": "multiclass"}.get(objective,
+                                                                             "regression")
+    X = check_features(X, allow_nan=True)
+    y = check_labels(y, X.shape[0], kind, k)
+    agree("this rank's shard is empty" if X.shape[0] == 0 else None)
+    checked_evals = []
+    for i, (Xe, ye, name) in enumerate(evals):
+        Xe = check_features(Xe, allow_nan=True, what=f"evals[{i}] X")
+        checked_evals.append((Xe, check_labels(ye, Xe.shape[0], kind, k), str(name)))
+    offset, n_total = global_offset(X.shape[0])
+    seed = int(params["seed"])
+
+    # Start-up collectives (before load_checkpoint: a replacement replays them).
+    cuts = _sketch(X, offset, n_total, int(params["max_bin"]), seed)
+    if params["base_score"] is None:
+        mean = exact_sum(y) / n_total
+        params["base_score"] = (float(np.log(np.clip(mean, 1e-6, 1 - 1e-6) /
+                                             (1 - np.clip(mean, 1e-6, 1 - 1e-6))))
+                                if objective == "binary:logistic" else
+                                (0.5 if objective == "multi:softprob" else mean))
+    bins = cuts.bin(X)
+    eval_bins = [cuts.bin(Xe) for Xe, _, _ in checked_evals]
+    grower = _Grower(bins, cuts, params)
+
+    key = [json.dumps(params, sort_keys=True), X.shape[1], n_total, num_boost_round,
+           early_stopping_rounds, [Xe.shape[1] for Xe, _, _ in checked_evals]]
+    state = resume_state("gbdt", key)
+    booster = Booster.from_dict(state["model"]) if state is not None else \
+        Booster(params, float(params["base_score"]), X.shape[1])
+    margin = np.full((X.shape[0], k), booster.base_score)
+    eval_margins = [np.full((Xe.shape[0], k), booster.base_score) for Xe, _, _ in checked_evals]
+    for i, tree in enumerate(booster.trees):          # resume: replay the finished rounds
+        margin[:, i % k] += _apply_binned(tree, bins, cuts.missing)
+        for em, eb in zip(eval_margins, eval_bins):
+            em[:, i % k] += _apply_binned(tree, eb, cuts.missing)
+
+    n_features = X.shape[1]
+    n_cols = max(1, int(round(float(params["colsample_bytree"]) * n_features)))
+    subsample = float(params["subsample"])
+    row_ids = np.arange(offset, offset + X.shape[0], dtype=np.uint64)
+    bits = 52 - math.ceil(math.log2(n_total + 1))
+    stop_at = num_boost_round
+    start = booster.num_boosted_rounds()
+    if booster.best_iteration is not None and early_stopping_rounds is not None and \
+            start - booster.best_iteration > early_stopping_rounds:
+        stop_at = start
+    bar = progress(range(start, stop_at), stop_at - start, "gbdt", verbose_eval)
+    for rnd in bar:
+        g_all, h_all = _gradients(objective, margin, y, k)
+        rows = None
+        if subsample < 1.0:
+            key = splitmix64(np.array([seed * 1_000_003 + rnd], dtype=np.uint64))[0]
+            u = (splitmix64(row_ids ^ key) >> np.uint64(11)) * 2.0 ** -53
+            rows = np.flatnonzero(u < subsample)
+        features = np.arange(n_features)
+        if n_cols < n_features:
+            rng = np.random.default_rng([seed, rnd])
+            features = np.sort(rng.choice(n_features, n_cols, replace=False))
+        top = np.array([np.abs(g_all).max(axis=0), h_all.max(axis=0)]).ravel()
+        rabit.allreduce(top, rabit.Op.MAX)
+        for c in range(k):
+            scale_g = math.ldexp(1.0, bits) / max(top[c], 1e-300)
+            scale_h = math.ldexp(1.0, bits) / max(top[k + c], 1e-300)
+            gq = np.rint(g_all[:, c] * scale_g)
+            hq = np.rint(h_all[:, c] * scale_h)
+            tree, leaf = grower.grow(gq, hq, scale_g, scale_h, rows, features)
+            booster.trees.append(tree)
+            if rows is None:
+                margin[:, c] += tree["value"][leaf]
+            else:
+                margin[:, c] += _apply_binned(tree, bins, cuts.missing)
+            for em, eb in zip(eval_margins, eval_bins):
+                em[:, c] += _apply_binned(tree, eb, cuts.missing)
+        stop = _evaluate(booster, rnd, checked_evals, eval_margins, params, objective,
+                         early_stopping_rounds, verbose_eval, bar)
+        rabit.checkpoint({"trainer": "gbdt", "key": key, "model": booster.to_dict()})
+        if stop:
+            break
+    return booster
+
+
+def _evaluate(booster: Booster, rnd: int, evals: list, margins: list, params: Dict[str, Any],
+              objective: str, early_stopping_rounds: Optional[int], verbose: bool,
+              bar: Any) -> bool:
+    """Metrics of the round on the whole validation sets (gathered in global
+    row order, so the same on every rank for any split); True to stop."""
+    if not evals:
+        return False
+    line = [f"[{rnd}]"]
+    for (_, ye, name), em in zip(evals, margins):
+        both = rabit.allgather(np.column_stack([em, ye]))
+        for metric in params["eval_metric"]:
+            value = _metric(metric, objective, both[:, :-1], both[:, -1])
+            booster.evals_result.setdefault(name, {}).setdefault(metric, []).append(value)
+            line.append(f"{name}-{metric}:{value:.5f}")
+    if verbose and rabit.get_rank() == 0:
+        text = "\t".join(line)
+        (bar.write if hasattr(bar, "write") else print)(text)
+    if early_stopping_rounds is None:
+        return False
+    name = evals[-1][2]
+    metric = params["eval_metric"][0]
+    history = booster.evals_result[name][metric]
+    better = max if metric == "auc" else min
+    best = better(history)
+    best_round = history.index(best)
+    booster.best_iteration, booster.best_score = best_round, best
+    return rnd - best_round >= early_stopping_rounds
+
+
+# ---------------------------------------------------------------- CLI
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m trainers.gbdt --train data.npy --out model.json ...``"""
+    parser = argparse.ArgumentParser(prog="rabit-gbdt", description=__doc__.splitlines()[0])
+    parser.add_argument("--train", required=True, help="training data (this rank's shard is "
+                        "read; .npy/.npz/.csv/libsvm, or a pattern with {rank})")
+    parser.add_argument("--valid", help="validation data, same format")
+    parser.add_argument("--label-column", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--early-stopping-rounds", type=int)
+    parser.add_argument("--out", help="write the model here (rank 0)")
+    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="a parameter, e.g. --param objective=binary:logistic "
+                             "--param max_depth=6 (repeatable)")
+    args = parser.parse_args(argv)
+    params: Dict[str, Any] = {}
+    for item in args.param:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--param {item!r}: expected KEY=VALUE")
+        params[key] = _parse_value(value)
+    with rabit.session():
+        X, y = load_shard(args.train, args.label_column)
+        evals = []
+        if args.valid:
+            Xv, yv = load_shard(args.valid, args.label_column)
+            evals.append((Xv, yv, "valid"))
+        start = time.perf_counter()
+        booster = train(params, X, y, args.rounds, evals, args.early_stopping_rounds,
+                        verbose_eval=not args.quiet)
+        if rabit.get_rank() == 0:
+            print(f"trained {booster.num_boosted_rounds()} rounds on "
+                  f"{rabit.get_world_size()} rank(s) in {time.perf_counter() - start:.2f} s",
+                  flush=True)
+            if args.out:
+                booster.save_model(args.out)
+                print(f"model written to {args.out}", flush=True)
+    return 0
+
+
+def _parse_value(text: str) -> Any:
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Distributed k-means: k-means++ seeding through the engine, then Lloyd
+iterations that reduce per-cluster sums and counts with one ``allreduce``.
+
+The centers are the global checkpoint after each iteration, so a replaced
+worker resumes at the last iteration. The k-means++ draws are made on the
+global row order with integer (exact) prefix sums, so the seeding picks the
+same rows for any number of ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+import rabit_py as rabit
+
+from ._common import DataError, ensure_init, global_offset, progress, resume_state
+from .data import check_features, load_shard
+
+__all__ = ["KMeans", "DataError", "main"]
+
+_CHUNK = 65536
+
+
+def _sq_distances(X: np.ndarray, centers: np.ndarray) -> np.ndarray:
+    """Squared distances (n, k), clipped at 0 (rounding can make them negative)."""
+    d = (X * X).sum(axis=1)[:, None] - 2.0 * X @ centers.T + (centers * centers).sum(axis=1)
+    return np.maximum(d, 0.0)
+
+
+def _assign(X: np.ndarray, centers: np.ndarray) -> tuple:
+    """(label, squared distance to it) of every row, in chunks to bound memory."""
+    labels = np.empty(X.shape[0], dtype=np.int64)
+    best = np.empty(X.shape[0])
+    for lo in range(0, X.shape[0], _CHUNK):
+        d = _sq_distances(X[lo:lo + _CHUNK], centers)
+        labels[lo:lo + _CHUNK] = d.argmin(axis=1)
+        best[lo:lo + _CHUNK] = d[np.arange(d.shape[0]), labels[lo:lo + _CHUNK]]
+    return labels, best
+
+
+class KMeans:
+    """k-means over the rows of all ranks.
+
+    Args:
+        n_clusters: k.
+        init: ``"k-means++"``, ``"random"`` (k distinct rows drawn on the global
+            row order) or an array of initial centers (k, n_features).
+        max_iter: Lloyd iterations at most.
+        tol: stop when the centers move less than ``tol`` times the mean
+            feature variance (squared distance, summed over centers), as
+            scikit-learn does.
+        seed: the seed of the initialization draws (the same on every rank).
+        verbose: progress bar on rank 0.
+
+    After :meth:`fit`: ``cluster_centers_``, ``inertia_`` (sum of squared
+    distances of all rows to their center), ``n_iter_``, ``labels_`` (this
+    rank's rows).
+    """
+
+    def __init__(self, n_clusters: int = 8, init: Union[str, np.ndarray] = "k-means++",
+                 max_iter: int = 100, tol: float = 1e-4, seed: int = 0,
+                 verbose: bool = False) -> None:
+        if n_clusters < 1:
+            raise ValueError(f"n_clusters={n_clusters} must be >= 1")
+        if isinstance(init, str) and init not in ("k-means++", "random"):
+            raise ValueError(f"init={init!r}: use 'k-means++', 'random' or an array of centers")
+        self.n_clusters, self.init, self.max_iter = int(n_clusters), init, int(max_iter)
+        self.tol, self.seed, self.verbose = float(tol), int(seed), verbose
+        self.cluster_centers_: Optional[np.ndarray] = None
+        self.inertia_: Optional[float] = None
+        self.labels_: Optional[np.ndarray] = None
+        self.n_iter_ = 0
+
+    def fit(self, X: np.ndarray) -> "KMeans":
+        """Cluster the rows of all ranks (``X``: this rank's shard).
+
+        Raises:
+            DataError: on every rank, when any rank's data is bad or there are
+                fewer rows than clusters.
+        """
+        ensure_init()
+        X = check_features(X, allow_nan=False)
+        offset, n_total = global_offset(X.shape[0])
+        k = self.n_clusters
+        if n_total < k:
+            raise DataError(f"{n_total} rows in all for {k} clusters")
+        moments = np.concatenate([X.sum(axis=0), (X * X).sum(axis=0)])
+        rabit.allreduce(moments, rabit.Op.SUM)
+        mean = moments[:X.shape[1]] / n_total
+        variance = np.maximum(moments[X.shape[1]:] / n_total - mean ** 2, 0.0)
+        threshold = self.tol * float(variance.mean())
+
+        key = [k, X.shape[1], n_total, self.seed, self.tol, repr(self.init)]
+        state = resume_state("kmeans", key)
+        if state is None:
+            state = {"trainer": "kmeans", "key": key, "iter": 0, "converged": False,
+                     "centers": self._initial_centers(X, offset, n_total)}
+        bar = progress(range(state["iter"], self.max_iter), self.max_iter - state["iter"],
+                       "k-means", self.verbose)
+        for _ in bar:
+            if state["converged"]:
+                break
+            centers = state["centers"]
+            labels, dist = _assign(X, centers)
+            buf = np.zeros((k, X.shape[1] + 1))
+            for j in range(X.shape[1]):
+                buf[:, j] = np.bincount(labels, weights=X[:, j], minlength=k)
+            buf[:, -1] = np.bincount(labels, minlength=k)
+            rabit.allreduce(buf, rabit.Op.SUM)
+            counts = buf[:, -1]
+            new = centers.copy()            # an empty cluster keeps its center
+            filled = counts > 0
+            new[filled] = buf[filled, :-1] / counts[filled, None]
+            shift = float(((new - centers) ** 2).sum())
+            state = {**state, "centers": new, "iter": state["iter"] + 1,
+                     "converged": shift <= threshold}
+            rabit.checkpoint(state)
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(shift=f"{shift:.3g}")
+        self.cluster_centers_ = state["centers"]
+        self.labels_, dist = _assign(X, self.cluster_centers_)
+        self.inertia_ = float(rabit.allreduce(np.array([dist.sum()]), rabit.Op.SUM)[0])
+        self.n_iter_ = int(state["iter"])
+        return self
+
+    def _initial_centers(self, X: np.ndarray, offset: int, n_total: int) -> np.ndarray:
+        k = self.n_clusters
+        if not isinstance(self.init, str):
+            centers = np.array(self.init, dtype=np.float64)
+            if centers.shape != (k, X.shape[1]):
+                raise ValueError(f"init has shape {centers.shape}; expected {(k, X.shape[1])}")
+            return centers
+        rng = np.random.default_rng(self.seed)
+        if self.init == "random":
+            return np.stack([self._row(X, offset, int(i))
+                             for i in rng.choice(n_total, k, replace=False)])
+        centers = [self._row(X, offset, int(rng.integers(n_total)))]
+        closest = _sq_distances(X, centers[0][None])[:, 0]
+        for _ in range(1, k):
+            centers.append(self._row(X, offset, self._draw(closest, offset, rng)))
+            closest = np.minimum(closest, _sq_distances(X, centers[-1][None])[:, 0])
+        return np.stack(centers)
+
+    @staticmethod
+    def _row(X: np.ndarray, offset: int, index: int) -> np.ndarray:
+        """Global row ``index``, from the rank that holds it, on every rank."""
+        mine = offset <= index < offset + X.shape[0]
+        owner = rabit.allreduce(np.array([rabit.get_rank() if mine else -1]), rabit.Op.MAX)[0]
+        row = X[index - offset].copy() if mine else np.empty(X.shape[1])
+        return rabit.broadcast(row, int(owner))
+
+    @staticmethod
+    def _draw(weights: np.ndarray, offset: int, rng: np.random.Generator) -> int:
+        """A global row drawn with probability proportional to ``weights``,
+        by exact integer prefix sums in global row order."""
+        top = rabit.allreduce(np.array([weights.max() if weights.size else 0.0]),
+                              rabit.Op.MAX)[0]
+        n = rabit.allreduce(np.array([weights.size], dtype=np.int64), rabit.Op.SUM)[0]
+        if top <= 0:                        # every row sits on a center: any row will do
+            return int(rng.integers(n))
+        scale = 2.0 ** (62 - int(np.ceil(np.log2(n + 1))) - 1) / top
+        fixed = np.floor(weights * scale).astype(np.int64)
+        totals = rabit.allgather(np.array([fixed.sum()], dtype=np.int64))
+        target = int(rng.integers(int(totals.sum())))
+        before = int(totals[:rabit.get_rank()].sum())
+        found = -1
+        if before <= target < before + int(totals[rabit.get_rank()]):
+            found = offset + int(np.searchsorted(np.cumsum(fixed), target - before,
+                                                 side="right"))
+        return int(rabit.allreduce(np.array([found], dtype=np.int64), rabit.Op.MAX)[0])
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Index of the nearest center for each row (no MPI needed)."""
+        if self.cluster_centers_ is None:
+            raise ValueError("this KMeans is not fitted yet; call fit() first")
+        return _assign(np.asarray(X, dtype=np.float64), self.cluster_centers_)[0]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m trainers.kmeans --train blobs.npy --clusters 8 --out centers.json``"""
+    parser = argparse.ArgumentParser(prog="rabit-kmeans", description=__doc__.splitlines()[0])
+    parser.add_argument("--train", required=True, help="data without labels (see trainers.data)")
+    parser.add_argument("--clusters", type=int, default=8)
+    parser.add_argument("--max-iter", type=int, default=100)
+    parser.add_argument("--tol", type=float, default=1e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", help="write the centers as JSON here (rank 0)")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    with rabit.session():
+        X, _ = load_shard(args.train, label_column=None)
+        model = KMeans(args.clusters, max_iter=args.max_iter, tol=args.tol, seed=args.seed,
+                       verbose=not args.quiet).fit(X)
+        if rabit.get_rank() == 0:
+            print(f"inertia {model.inertia_:.10g} after {model.n_iter_} iterations", flush=True)
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump({"centers": model.cluster_centers_.tolist(),
+                               "inertia": model.inertia_}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
