@@ -6,6 +6,7 @@ Trainers use only the public ``rabit_py`` API (DESIGN.md, layers).
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Iterable, Optional
 
@@ -14,7 +15,7 @@ import numpy as np
 import rabit_py as rabit
 
 __all__ = ["ensure_init", "DataError", "agree", "global_offset", "exact_sum", "progress",
-           "splitmix64", "resume_state"]
+           "splitmix64", "resume_state", "state_key"]
 
 
 class DataError(ValueError):
@@ -40,9 +41,15 @@ def resume_state(trainer: str, key: Any) -> Optional[dict]:
     and settings (``key``). Recovery of a failed worker therefore assumes
     one training per job, as in Rabit and XGBoost."""
     _, state = rabit.load_checkpoint()
-    if isinstance(state, dict) and state.get("trainer") == trainer and state.get("key") == key:
+    if isinstance(state, dict) and state.get("trainer") == trainer and \
+            state.get("key") == state_key(key):
         return state
     return None
+
+
+def state_key(key: Any) -> str:
+    """``key`` in the form kept in a checkpoint (a string: compared exactly)."""
+    return json.dumps(key, sort_keys=True, default=repr)
 
 
 def agree(problem: Optional[str]) -> None:

@@ -37,7 +37,7 @@ import numpy as np
 import rabit_py as rabit
 
 from ._common import (DataError, agree, ensure_init, exact_sum, global_offset, progress,
-                      resume_state, splitmix64)
+                      resume_state, state_key, splitmix64)
 from .data import check_features, check_labels, load_shard
 
 __all__ = ["train", "Booster", "DataError", "main"]
@@ -534,9 +534,9 @@ def train(params: Dict[str, Any], X: np.ndarray, y: np.ndarray, num_boost_round:
     eval_bins = [cuts.bin(Xe) for Xe, _, _ in checked_evals]
     grower = _Grower(bins, cuts, params)
 
-    key = [json.dumps(params, sort_keys=True), X.shape[1], n_total, num_boost_round,
+    resume_key = [json.dumps(params, sort_keys=True), X.shape[1], n_total, num_boost_round,
            early_stopping_rounds, [Xe.shape[1] for Xe, _, _ in checked_evals]]
-    state = resume_state("gbdt", key)
+    state = resume_state("gbdt", resume_key)
     booster = Booster.from_dict(state["model"]) if state is not None else \
         Booster(params, float(params["base_score"]), X.shape[1])
     margin = np.full((X.shape[0], k), booster.base_score)
@@ -561,8 +561,8 @@ def train(params: Dict[str, Any], X: np.ndarray, y: np.ndarray, num_boost_round:
         g_all, h_all = _gradients(objective, margin, y, k)
         rows = None
         if subsample < 1.0:
-            key = splitmix64(np.array([seed * 1_000_003 + rnd], dtype=np.uint64))[0]
-            u = (splitmix64(row_ids ^ key) >> np.uint64(11)) * 2.0 ** -53
+            draw = splitmix64(np.array([seed * 1_000_003 + rnd], dtype=np.uint64))[0]
+            u = (splitmix64(row_ids ^ draw) >> np.uint64(11)) * 2.0 ** -53
             rows = np.flatnonzero(u < subsample)
         features = np.arange(n_features)
         if n_cols < n_features:
@@ -585,7 +585,8 @@ def train(params: Dict[str, Any], X: np.ndarray, y: np.ndarray, num_boost_round:
                 em[:, c] += _apply_binned(tree, eb, cuts.missing)
         stop = _evaluate(booster, rnd, checked_evals, eval_margins, params, objective,
                          early_stopping_rounds, verbose_eval, bar)
-        rabit.checkpoint({"trainer": "gbdt", "key": key, "model": booster.to_dict()})
+        rabit.checkpoint({"trainer": "gbdt", "key": state_key(resume_key),
+                          "model": booster.to_dict()})
         if stop:
             break
     return booster

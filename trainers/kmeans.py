@@ -18,7 +18,7 @@ import numpy as np
 
 import rabit_py as rabit
 
-from ._common import DataError, ensure_init, global_offset, progress, resume_state
+from ._common import DataError, ensure_init, global_offset, progress, resume_state, state_key
 from .data import check_features, load_shard
 
 __all__ = ["KMeans", "DataError", "main"]
@@ -59,7 +59,7 @@ class KMeans:
 
     After :meth:`fit`: ``cluster_centers_``, ``inertia_`` (sum of squared
     distances of all rows to their center), ``n_iter_``, ``labels_`` (this
-    rank's rows).
+    rank's rows), ``initial_centers_`` (where the iterations started).
     """
 
     def __init__(self, n_clusters: int = 8, init: Union[str, np.ndarray] = "k-means++",
@@ -74,6 +74,7 @@ class KMeans:
         self.cluster_centers_: Optional[np.ndarray] = None
         self.inertia_: Optional[float] = None
         self.labels_: Optional[np.ndarray] = None
+        self.initial_centers_: Optional[np.ndarray] = None
         self.n_iter_ = 0
 
     def fit(self, X: np.ndarray) -> "KMeans":
@@ -98,8 +99,9 @@ class KMeans:
         key = [k, X.shape[1], n_total, self.seed, self.tol, repr(self.init)]
         state = resume_state("kmeans", key)
         if state is None:
-            state = {"trainer": "kmeans", "key": key, "iter": 0, "converged": False,
-                     "centers": self._initial_centers(X, offset, n_total)}
+            start = self._initial_centers(X, offset, n_total)
+            state = {"trainer": "kmeans", "key": state_key(key), "iter": 0, "converged": False,
+                     "centers": start, "initial_centers": start}
         bar = progress(range(state["iter"], self.max_iter), self.max_iter - state["iter"],
                        "k-means", self.verbose)
         for _ in bar:
@@ -123,6 +125,7 @@ class KMeans:
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(shift=f"{shift:.3g}")
         self.cluster_centers_ = state["centers"]
+        self.initial_centers_ = state["initial_centers"]
         self.labels_, dist = _assign(X, self.cluster_centers_)
         self.inertia_ = float(rabit.allreduce(np.array([dist.sum()]), rabit.Op.SUM)[0])
         self.n_iter_ = int(state["iter"])

@@ -22,7 +22,7 @@ import numpy as np
 
 import rabit_py as rabit
 
-from ._common import DataError, ensure_init, progress, resume_state
+from ._common import DataError, ensure_init, progress, resume_state, state_key
 from .data import check_features, check_labels, load_shard
 
 __all__ = ["LogisticRegression", "DataError", "main"]
@@ -99,7 +99,7 @@ class LogisticRegression:
         if state is None:
             w = np.zeros(d)
             f, g = evaluate(w)
-            state = {"trainer": "logistic", "key": key, "w": w, "f": f, "g": g, "s": [],
+            state = {"trainer": "logistic", "key": state_key(key), "w": w, "f": f, "g": g, "s": [],
                      "y": [], "iter": 0, "done": False}
         gtol = self.tol * max(1.0, self.C * n_total)
         bar = progress(range(state["iter"], self.max_iter), self.max_iter - state["iter"],

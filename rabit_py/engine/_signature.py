@@ -93,7 +93,8 @@ def agrees(reduced: np.ndarray) -> bool:
 
 def mismatched_fields(reduced: np.ndarray) -> List[str]:
     """Names of the fields on which ranks disagree, from the reduced vector."""
-    maxs, neg_mins = reduced[:N_FIELDS], reduced[N_FIELDS:]
+    values = reduced.tolist()           # Python ints: -INT64_MIN does not overflow
+    maxs, neg_mins = values[:N_FIELDS], values[N_FIELDS:]
     return [name for name, hi, neg_lo in zip(_FIELDS, maxs, neg_mins)
             if hi != WILDCARD and hi != -neg_lo]
 

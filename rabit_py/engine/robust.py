@@ -324,6 +324,10 @@ class RobustEngine(MpiEngine):
                 f"rank {self._rank}: the result of call #{wanted[1]} of "
                 f"{'the start-up calls' if wanted[0] == BOOT else f'version {wanted[0]}'} "
                 f"is needed but no living rank holds it")
+        if not self._has_version and max_version == 0:
+            # A replacement that caught up with the survivors before anyone took
+            # a checkpoint: there is nothing to load, it runs on like them.
+            self._version, self._has_version = 0, True
         return _EXECUTE, None
 
     def _serve_checkpoint(self, requesting: bool, version: int) -> None:

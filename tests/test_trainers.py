@@ -1,0 +1,216 @@
+"""The trainers on real ranks: the same GBDT model (bit for bit) for 1, 2 and
+4 workers, linear and k-means within floating tolerance, quality against
+scikit-learn, in-job recovery giving the failure-free model, the CLIs, and
+bad data reported on every rank."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from trainers import gbdt
+from trainers.gbdt import _auc, _metric
+
+from ._proc import ROOT, rabit_run, run
+
+sys.path.insert(0, str(ROOT / "tests" / "programs"))
+import train_models as programs  # noqa: E402
+
+PROGRAM = [sys.executable, "tests/programs/train_models.py"]
+GBDT_NAMES = ("gbdt_binary", "gbdt_regression", "gbdt_multiclass")
+
+
+def read(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every trainer at world sizes 1 (no mpirun), 2 and 4: {size: out dir}."""
+    out = {}
+    for size in (1, 2, 4):
+        folder = tmp_path_factory.mktemp(f"world{size}")
+        cmd = PROGRAM + [str(folder)] if size == 1 else rabit_run(size, *PROGRAM, str(folder))
+        code, text = run(cmd, timeout=240)
+        assert code == 0, text[-6000:]
+        for name in programs.NAMES:
+            assert f"DONE {name}" in text, text[-6000:]
+        out[size] = folder
+    return out
+
+
+@pytest.mark.parametrize("name", GBDT_NAMES)
+def test_gbdt_is_the_same_model_for_any_world_size(runs, name):
+    models = [(runs[size] / f"{name}.json").read_bytes() for size in (1, 2, 4)]
+    assert models[0] == models[1] == models[2]
+    assert len(read(runs[1] / f"{name}.json")["trees"]) > 0
+
+
+def test_linear_and_kmeans_agree_across_world_sizes(runs):
+    lin = [read(runs[s] / "linear.json") for s in (1, 2, 4)]
+    km = [read(runs[s] / "kmeans.json") for s in (1, 2, 4)]
+    for other in lin[1:]:
+        assert other["objective"] == pytest.approx(lin[0]["objective"], rel=1e-9)
+        np.testing.assert_allclose(other["coef"], lin[0]["coef"], rtol=1e-4, atol=1e-6)
+    for other in km[1:]:
+        assert other["init"] == km[0]["init"]        # exact k-means++ draws
+        assert other["inertia"] == pytest.approx(km[0]["inertia"], rel=1e-9)
+        np.testing.assert_allclose(other["centers"], km[0]["centers"], rtol=1e-9)
+
+
+def test_gbdt_metrics_match_predict_on_raw_values(runs):
+    # Training routes binned values; predict() routes raw values with the cut
+    # thresholds: the validation metric logged in training must come out again.
+    for name in GBDT_NAMES:
+        booster = gbdt.Booster.load_model(str(runs[1] / f"{name}.json"))
+        params, rounds, make = programs.GBDT_PARAMS[name]
+        X, y = make()
+        margin = booster.predict(X[-1000:], output_margin=True)
+        margin = margin if margin.ndim == 2 else margin[:, None]
+        logged = booster.evals_result["valid"]
+        for metric, values in logged.items():
+            assert len(values) == rounds
+            assert _metric(metric, params["objective"], margin, y[-1000:]) == \
+                pytest.approx(values[-1], rel=1e-12, abs=1e-12), (name, metric)
+
+
+def test_gbdt_quality_against_sklearn(runs):
+    from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+
+    X, y = programs.binary_data()
+    ours = gbdt.Booster.load_model(str(runs[1] / "gbdt_binary.json"))
+    ref = HistGradientBoostingClassifier(max_iter=12, learning_rate=0.3, max_depth=4,
+                                         max_bins=64, l2_regularization=1.0,
+                                         early_stopping=False, random_state=0)
+    ref.fit(X[:-1000], y[:-1000])
+    ours_auc = _auc(ours.predict(X[-1000:]), y[-1000:])
+    ref_auc = _auc(ref.predict_proba(X[-1000:])[:, 1], y[-1000:])
+    assert ours_auc > 0.7 and abs(ours_auc - ref_auc) < 0.02, (ours_auc, ref_auc)
+
+    X, y = programs.regression_data()
+    ours = gbdt.Booster.load_model(str(runs[1] / "gbdt_regression.json"))
+    ref = HistGradientBoostingRegressor(max_iter=10, learning_rate=0.3, max_depth=3,
+                                        l2_regularization=2.0, early_stopping=False)
+    ref.fit(X[:-1000], y[:-1000])
+    ours_rmse = np.sqrt(np.mean((ours.predict(X[-1000:]) - y[-1000:]) ** 2))
+    ref_rmse = np.sqrt(np.mean((ref.predict(X[-1000:]) - y[-1000:]) ** 2))
+    assert ours_rmse < 1.1 * ref_rmse and ours_rmse < 0.9 * y.std(), (ours_rmse, ref_rmse)
+
+    X, y = programs.multiclass_data()
+    ours = gbdt.Booster.load_model(str(runs[1] / "gbdt_multiclass.json"))
+    proba = ours.predict(X[-1000:])
+    assert proba.shape == (1000, 10)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0)
+    assert np.mean(proba.argmax(axis=1) == y[-1000:]) > 0.8
+
+
+def test_linear_matches_sklearn(runs):
+    from sklearn.linear_model import LogisticRegression
+
+    X, y = programs.linear_data()
+    ours = read(runs[1] / "linear.json")
+    ref = LogisticRegression(C=0.5, tol=1e-12, max_iter=5000).fit(X, y)
+
+    def objective(coef, intercept):
+        z = X @ np.asarray(coef) + intercept
+        return 0.5 * np.logaddexp(0, -(2 * y - 1) * z).sum() + 0.5 * np.dot(coef, coef)
+
+    ref_objective = objective(ref.coef_[0], ref.intercept_[0])
+    assert ours["objective"] == pytest.approx(objective(ours["coef"][0], ours["intercept"][0]),
+                                              rel=1e-12)
+    assert abs(ours["objective"] - ref_objective) <= 1e-6 * ref_objective
+    np.testing.assert_allclose(ours["coef"][0], ref.coef_[0], atol=1e-3)
+
+
+def test_kmeans_matches_sklearn_from_the_same_start(runs):
+    from sklearn.cluster import KMeans
+
+    ours = read(runs[1] / "kmeans.json")
+    ref = KMeans(6, init=np.array(ours["init"]), n_init=1, tol=1e-4).fit(programs.blobs())
+    assert ours["inertia"] == pytest.approx(ref.inertia_, rel=1e-3)
+
+
+# ---------------------------------------------------------------- recovery
+RECOVERY = {
+    # name: (trainer, RABIT_MOCK plan, ranks killed)
+    "gbdt_in_a_round": ("gbdt_binary", "1,3,2,0", {1}),
+    "gbdt_rank0": ("gbdt_binary", "0,6,0,0", {0}),
+    "gbdt_during_start_up": ("gbdt_binary", "2,0,3,0", {2}),
+    "linear": ("linear", "3,8,1,0", {3}),
+    "kmeans": ("kmeans", "1,2,0,0", {1}),
+}
+
+
+@pytest.mark.parametrize("case", list(RECOVERY))
+def test_a_killed_worker_is_replaced_and_the_model_is_unchanged(runs, tmp_path, case):
+    name, plan, killed = RECOVERY[case]
+    code, text = run(rabit_run(4, *PROGRAM, str(tmp_path), "--only", name), timeout=240,
+                     env={"RABIT_ENGINE": "mock", "RABIT_MOCK": plan, "RABIT_TIMEOUT": "60"})
+    assert code == 0, text[-6000:]
+    starts = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("START ")]
+    assert {s["rank"] for s in starts if s["trial"] >= 1} == killed, text[-6000:]
+    assert (tmp_path / f"{name}.json").read_bytes() == (runs[4] / f"{name}.json").read_bytes()
+
+
+# ---------------------------------------------------------------- CLIs and bad data
+def test_gbdt_cli_trains_and_saves_a_model(tmp_path):
+    X, y = programs.binary_data(3000)
+    np.save(tmp_path / "train.npy", np.column_stack([y, X]))
+    out = tmp_path / "model.json"
+    code, text = run(rabit_run(2, sys.executable, "-m", "trainers.gbdt",
+                               "--train", str(tmp_path / "train.npy"), "--rounds", "5",
+                               "--param", "objective=binary:logistic", "--param", "max_depth=3",
+                               "--out", str(out)), timeout=120)
+    assert code == 0, text[-6000:]
+    assert "trained 5 rounds on 2 rank(s)" in text
+    booster = gbdt.Booster.load_model(str(out))
+    assert booster.num_boosted_rounds() == 5
+    assert _auc(booster.predict(X), y) > 0.7
+
+
+def test_linear_and_kmeans_clis(tmp_path):
+    from sklearn.datasets import dump_svmlight_file
+
+    X, y = programs.linear_data(2000)
+    dump_svmlight_file(X, y, str(tmp_path / "train.svm"))
+    code, text = run(rabit_run(2, sys.executable, "-m", "trainers.linear", "--train",
+                               str(tmp_path / "train.svm"), "--out", str(tmp_path / "lin.json"),
+                               "--quiet"), timeout=120)
+    assert code == 0, text[-6000:]
+    assert len(read(tmp_path / "lin.json")["coef"][0]) == X.shape[1]
+    np.savetxt(tmp_path / "blobs.csv", programs.blobs(3000), delimiter=",",
+               header="a,b,c,d,e", comments="")
+    code, text = run(rabit_run(2, sys.executable, "-m", "trainers.kmeans", "--train",
+                               str(tmp_path / "blobs.csv"), "--clusters", "6", "--quiet",
+                               "--out", str(tmp_path / "km.json")), timeout=120)
+    assert code == 0, text[-6000:]
+    assert np.array(read(tmp_path / "km.json")["centers"]).shape == (6, 5)
+
+
+def test_bad_labels_on_one_rank_stop_every_rank(tmp_path):
+    X, y = programs.binary_data(1000)
+    y[700] = 3.0                       # in rank 1's half
+    np.save(tmp_path / "train.npy", np.column_stack([y, X]))
+    code, text = run(rabit_run(2, sys.executable, "-m", "trainers.gbdt", "--train",
+                               str(tmp_path / "train.npy"), "--param",
+                               "objective=binary:logistic"), timeout=120)
+    assert code != 0
+    assert text.count("DataError: rank 1: binary labels must be 0 or 1, found [3.0]") == 2, \
+        text[-6000:]
+
+
+def test_ragged_csv_is_a_clear_error(tmp_path):
+    (tmp_path / "bad.csv").write_text("1,2,3\n0,4\n")
+    code, text = run([sys.executable, "-m", "trainers.gbdt", "--train", str(tmp_path / "bad.csv")],
+                     timeout=60)
+    assert code != 0
+    assert "DataError: rank 0: cannot read" in text and "bad.csv as csv" in text, text[-3000:]
+
+
+def test_bad_parameters_are_refused_before_training():
+    with pytest.raises(ValueError, match="unknown GBDT parameter 'max_dept'"):
+        gbdt.train({"max_dept": 3}, np.zeros((2, 2)), np.zeros(2))
+    with pytest.raises(ValueError, match="multi:softprob needs num_class"):
+        gbdt.train({"objective": "multi:softprob"}, np.zeros((2, 2)), np.zeros(2))
