@@ -22,3 +22,33 @@ def test_bench_collectives_writes_every_contender(tmp_path):
     for row in result["rows"]:
         assert set(row["seconds"]) == names
         assert all(len(s) == 2 and min(s) > 0 for s in row["seconds"].values())
+
+
+def test_bench_trainers_runs_every_comparison(tmp_path):
+    out_json = tmp_path / "trainers.json"
+    code, out = run([sys.executable, "scripts/bench_trainers.py", "--rows", "4000", "--rounds",
+                     "3", "--json", str(out_json)], timeout=300)
+    assert code == 0, out
+    result = json.loads(out_json.read_text())
+    runs = result["gbdt"]
+    assert {"rabit_py 1 rank", "rabit_py 2 ranks"} <= set(runs)
+    assert runs["rabit_py 1 rank"]["auc"] == runs["rabit_py 2 ranks"]["auc"] > 0.6
+    assert result["ratios"]["speed-up 2 ranks vs 1"] > 0
+    small = result["small"]
+    assert small["breast_cancer"]["ours"] > 0.95 and small["digits"]["ours"] > 0.85
+    assert abs(small["logistic"]["relative difference"]) < 1e-6
+    assert abs(small["kmeans"]["relative difference"]) < 1e-3
+
+
+def test_make_data_writes_shards_that_join_up(tmp_path):
+    import numpy as np
+
+    from trainers.data import make_higgs_like
+
+    code, out = run([sys.executable, "scripts/make_data.py", "higgs", "--rows", "1000",
+                     "--parts", "3", "--seed", "4", "--out", str(tmp_path / "p-{rank}.npy")],
+                    timeout=120)
+    assert code == 0, out
+    parts = [np.load(tmp_path / f"p-{i}.npy") for i in range(3)]
+    X, y = make_higgs_like(1000, seed=4)
+    np.testing.assert_array_equal(np.vstack(parts), np.column_stack([y, X]))

@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "tests" / "programs"))
 import train_models as programs  # noqa: E402
 
 PROGRAM = [sys.executable, "tests/programs/train_models.py"]
-GBDT_NAMES = ("gbdt_binary", "gbdt_regression", "gbdt_multiclass")
+GBDT_NAMES = ("gbdt_binary", "gbdt_regression", "gbdt_multiclass", "gbdt_early_stop")
 
 
 def read(path):
@@ -71,9 +71,27 @@ def test_gbdt_metrics_match_predict_on_raw_values(runs):
         margin = margin if margin.ndim == 2 else margin[:, None]
         logged = booster.evals_result["valid"]
         for metric, values in logged.items():
-            assert len(values) == rounds
+            assert len(values) == booster.num_boosted_rounds()
             assert _metric(metric, params["objective"], margin, y[-1000:]) == \
                 pytest.approx(values[-1], rel=1e-12, abs=1e-12), (name, metric)
+
+
+def test_gbdt_numpy_kernel_grows_the_same_model(runs, tmp_path):
+    code, text = run(rabit_run(2, *PROGRAM, str(tmp_path), "--only", "gbdt_binary",
+                               "--only", "gbdt_multiclass"), timeout=120,
+                     env={"TRAIN_HIST_KERNEL": "numpy"})
+    assert code == 0, text[-6000:]
+    for name in ("gbdt_binary", "gbdt_multiclass"):
+        assert (tmp_path / f"{name}.json").read_bytes() == (runs[2] / f"{name}.json").read_bytes()
+
+
+def test_gbdt_early_stopping(runs):
+    booster = gbdt.Booster.load_model(str(runs[1] / "gbdt_early_stop.json"))
+    history = booster.evals_result["valid"]["logloss"]
+    best = booster.best_iteration
+    assert booster.num_boosted_rounds() == best + 4 < 60      # 3 rounds without progress
+    assert booster.best_score == history[best] == min(history)
+    assert all(v > history[best] for v in history[best + 1:])
 
 
 def test_gbdt_quality_against_sklearn(runs):

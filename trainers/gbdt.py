@@ -38,6 +38,7 @@ import rabit_py as rabit
 
 from ._common import (DataError, agree, ensure_init, exact_sum, global_offset, progress,
                       resume_state, state_key, splitmix64)
+from ._kernels import get_kernels
 from .data import check_features, check_labels, load_shard
 
 __all__ = ["train", "Booster", "DataError", "main"]
@@ -48,6 +49,7 @@ _DEFAULTS: Dict[str, Any] = {
     "objective": "reg:squarederror", "eta": 0.3, "max_depth": 6, "min_child_weight": 1.0,
     "lambda": 1.0, "gamma": 0.0, "max_bin": 256, "subsample": 1.0, "colsample_bytree": 1.0,
     "seed": 0, "num_class": 0, "eval_metric": None, "base_score": None,
+    "hist_kernel": "auto",
 }
 _IGNORED = {"tree_method", "nthread", "n_jobs", "verbosity", "silent", "device"}
 _OBJECTIVES = ("binary:logistic", "reg:squarederror", "multi:softprob")
@@ -79,8 +81,8 @@ def _normalize(params: Dict[str, Any]) -> Dict[str, Any]:
             raise ValueError(f"{key}={out[key]} is outside ({low}, {high}]")
     if not 1 <= int(out["max_depth"]) <= 30:
         raise ValueError(f"max_depth={out['max_depth']} must be in [1, 30]")
-    if not 2 <= int(out["max_bin"]) <= 65534:
-        raise ValueError(f"max_bin={out['max_bin']} must be in [2, 65534]")
+    if not 3 <= int(out["max_bin"]) <= 65536:
+        raise ValueError(f"max_bin={out['max_bin']} must be in [3, 65536]")
     for key in ("lambda", "gamma", "min_child_weight"):
         if float(out[key]) < 0:
             raise ValueError(f"{key}={out[key]} must be >= 0")
@@ -204,14 +206,14 @@ def _transform(objective: str, margin: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- binning
 class _Cuts:
-    """Per-feature cut points: a value x falls in bin ``#edges <= x``; bin
-    ``max_bin`` holds missing values."""
+    """Per-feature cut points: a value x falls in bin ``#edges <= x``. The
+    last of the ``max_bin`` bins holds missing values (as in LightGBM), so
+    values get ``max_bin - 1`` bins and 256 bins fit in a byte."""
 
     def __init__(self, edges: List[np.ndarray], max_bin: int) -> None:
         self.edges = edges
-        self.max_bin = max_bin
-        self.missing = max_bin
-        self.width = max_bin + 1
+        self.missing = max_bin - 1
+        self.width = max_bin
         self.dtype = np.uint8 if self.width <= 256 else np.uint16
         self.n_edges = np.array([e.size for e in edges], dtype=np.int64)
 
@@ -240,10 +242,11 @@ def _sketch(X: np.ndarray, offset: int, n_total: int, max_bin: int, seed: int) -
             edges.append(np.empty(0))
             continue
         unique = np.unique(v)
-        if unique.size <= max_bin:
+        value_bins = max_bin - 1           # the last bin is for missing values
+        if unique.size <= value_bins:
             cut = unique[1:]
         else:
-            cut = np.unique(v[(np.arange(1, max_bin) * v.size) // max_bin])
+            cut = np.unique(v[(np.arange(1, value_bins) * v.size) // value_bins])
             cut = cut[cut > v[0]]
         edges.append(np.ascontiguousarray(cut, dtype=np.float64))
     return _Cuts(edges, max_bin)
@@ -299,8 +302,11 @@ def _auc(score: np.ndarray, y: np.ndarray) -> float:
 class _Grower:
     """Grows one tree per call from quantized gradients of this rank's rows."""
 
-    def __init__(self, bins: np.ndarray, cuts: _Cuts, params: Dict[str, Any]) -> None:
-        self.bins = bins
+    def __init__(self, bins: np.ndarray, cuts: _Cuts, params: Dict[str, Any],
+                 kernels: Any) -> None:
+        self.bins = bins            # in the kernels' layout
+        self.kernels = kernels
+        self.n_rows = bins.shape[1] if kernels.name == "numpy" else bins.shape[0]
         self.cuts = cuts
         self.lam = float(params["lambda"])
         self.gamma = float(params["gamma"])
@@ -317,7 +323,7 @@ class _Grower:
         """One tree. ``rows``: the sampled local rows (None = all).
 
         Returns the tree and the leaf of every sampled row (-1 elsewhere)."""
-        n = self.bins.shape[1]
+        n = self.n_rows
         node_of_row = np.full(n, -1, dtype=np.int32)
         node_of_row[rows if rows is not None else slice(None)] = 0
         tree = {k: [] for k in _TREE_DTYPES}
@@ -393,24 +399,12 @@ class _Grower:
     def _histograms(self, node_of_row: np.ndarray, nodes: np.ndarray, gq: np.ndarray,
                     hq: np.ndarray, features: np.ndarray) -> np.ndarray:
         """Histograms (2, len(nodes), len(features), width) summed over ranks."""
-        width = self.cuts.width
         lookup = np.full(max(int(node_of_row.max()), int(nodes.max())) + 1, -1, dtype=np.int64)
         lookup[nodes] = np.arange(nodes.size)
-        slot = np.where(node_of_row >= 0, lookup[np.maximum(node_of_row, 0)], -1)
-        rows = np.flatnonzero(slot >= 0)
-        everyone = rows.size == node_of_row.size
-        base = slot[rows] * width if nodes.size > 1 else None
-        g = gq if everyone else gq[rows]
-        h = hq if everyone else hq[rows]
-        size = nodes.size * width
-        out = np.empty((2, features.size, nodes.size, width))
-        for i, f in enumerate(features):
-            col = self.bins[f] if everyone else self.bins[f][rows]
-            idx = col if base is None else base + col
-            out[0, i] = np.bincount(idx, weights=g, minlength=size).reshape(nodes.size, width)
-            out[1, i] = np.bincount(idx, weights=h, minlength=size).reshape(nodes.size, width)
+        out = self.kernels.histograms(self.bins, node_of_row, lookup, nodes.size, gq, hq,
+                                      features, self.cuts.width)
         rabit.allreduce(out, rabit.Op.SUM)
-        return out.transpose(0, 2, 1, 3)
+        return np.moveaxis(out, 3, 0)
 
     def _best_splits(self, G: np.ndarray, H: np.ndarray, Gt: np.ndarray, Ht: np.ndarray,
                      features: np.ndarray) -> List[tuple]:
@@ -440,37 +434,10 @@ class _Grower:
     def _route(self, node_of_row: np.ndarray, tree: Dict[str, list],
                split_nodes: np.ndarray) -> None:
         """Move the rows of the nodes just split to their children."""
-        size = len(tree["left"])
-        is_split = np.zeros(size, dtype=bool)
+        is_split = np.zeros(len(tree["left"]), dtype=np.bool_)
         is_split[split_nodes] = True
-        feature = np.asarray(tree["feature"], dtype=np.int64)
-        sbin = np.asarray(tree["bin"], dtype=np.int64)
-        dleft = np.asarray(tree["default_left"], dtype=bool)
-        left = np.asarray(tree["left"], dtype=np.int32)
-        right = np.asarray(tree["right"], dtype=np.int32)
-        rows = np.flatnonzero((node_of_row >= 0) & is_split[np.maximum(node_of_row, 0)])
-        n = node_of_row[rows]
-        v = self.bins[feature[n], rows]
-        go_left = np.where(v == self.cuts.missing, dleft[n], v <= sbin[n])
-        node_of_row[rows] = np.where(go_left, left[n], right[n])
-
-
-def _apply_binned(tree: Dict[str, np.ndarray], bins: np.ndarray, missing: int) -> np.ndarray:
-    """Leaf values of every row, from binned features (same routing as training)."""
-    node = np.zeros(bins.shape[1], dtype=np.int32)
-    left, right = tree["left"], tree["right"]
-    rows = np.arange(bins.shape[1])
-    active = rows
-    while active.size:
-        n = node[active]
-        inner = left[n] >= 0
-        active, n = active[inner], n[inner]
-        if not active.size:
-            break
-        v = bins[tree["feature"][n], active]
-        go_left = np.where(v == missing, tree["default_left"][n], v <= tree["bin"][n])
-        node[active] = np.where(go_left, left[n], right[n])
-    return tree["value"][node]
+        arrays = {k: np.asarray(v, dtype=_TREE_DTYPES[k]) for k, v in tree.items()}
+        self.kernels.route(self.bins, node_of_row, is_split, arrays, self.cuts.missing)
 
 
 # ---------------------------------------------------------------- training
@@ -485,7 +452,9 @@ def train(params: Dict[str, Any], X: np.ndarray, y: np.ndarray, num_boost_round:
             ``reg:squarederror``, ``multi:softprob`` with ``num_class``),
             ``eta``, ``max_depth``, ``min_child_weight``, ``lambda``,
             ``gamma``, ``max_bin``, ``subsample``, ``colsample_bytree``,
-            ``seed``, ``eval_metric``, ``base_score``.
+            ``seed``, ``eval_metric``, ``base_score``; and ``hist_kernel``
+            (``"auto"``: compiled with numba when installed, else NumPy; the
+            model is the same either way).
         X, y: this rank's rows; NaN in ``X`` is a missing value.
         num_boost_round: rounds to train (the job resumes after the last
             checkpointed round when restarted or recovered).
@@ -503,6 +472,9 @@ def train(params: Dict[str, Any], X: np.ndarray, y: np.ndarray, num_boost_round:
         DataError: on every rank, when any rank's data is bad.
     """
     params = _normalize(params)
+    # The kernel changes speed, not the model: keep it out of the saved parameters.
+    hist_kernel = str(params.pop("hist_kernel"))
+    get_kernels(hist_kernel)
     if num_boost_round < 0:
         raise ValueError(f"num_boost_round={num_boost_round} must be >= 0")
     if early_stopping_rounds is not None and not evals:
@@ -530,9 +502,10 @@ def train(params: Dict[str, Any], X: np.ndarray, y: np.ndarray, num_boost_round:
                                              (1 - np.clip(mean, 1e-6, 1 - 1e-6))))
                                 if objective == "binary:logistic" else
                                 (0.5 if objective == "multi:softprob" else mean))
-    bins = cuts.bin(X)
-    eval_bins = [cuts.bin(Xe) for Xe, _, _ in checked_evals]
-    grower = _Grower(bins, cuts, params)
+    kernels = get_kernels(hist_kernel)
+    bins = kernels.layout(cuts.bin(X))
+    eval_bins = [kernels.layout(cuts.bin(Xe)) for Xe, _, _ in checked_evals]
+    grower = _Grower(bins, cuts, params, kernels)
 
     resume_key = [json.dumps(params, sort_keys=True), X.shape[1], n_total, num_boost_round,
            early_stopping_rounds, [Xe.shape[1] for Xe, _, _ in checked_evals]]
@@ -542,9 +515,9 @@ def train(params: Dict[str, Any], X: np.ndarray, y: np.ndarray, num_boost_round:
     margin = np.full((X.shape[0], k), booster.base_score)
     eval_margins = [np.full((Xe.shape[0], k), booster.base_score) for Xe, _, _ in checked_evals]
     for i, tree in enumerate(booster.trees):          # resume: replay the finished rounds
-        margin[:, i % k] += _apply_binned(tree, bins, cuts.missing)
+        margin[:, i % k] += kernels.leaf_values(bins, tree, cuts.missing)
         for em, eb in zip(eval_margins, eval_bins):
-            em[:, i % k] += _apply_binned(tree, eb, cuts.missing)
+            em[:, i % k] += kernels.leaf_values(eb, tree, cuts.missing)
 
     n_features = X.shape[1]
     n_cols = max(1, int(round(float(params["colsample_bytree"]) * n_features)))
@@ -580,9 +553,9 @@ def train(params: Dict[str, Any], X: np.ndarray, y: np.ndarray, num_boost_round:
             if rows is None:
                 margin[:, c] += tree["value"][leaf]
             else:
-                margin[:, c] += _apply_binned(tree, bins, cuts.missing)
+                margin[:, c] += kernels.leaf_values(bins, tree, cuts.missing)
             for em, eb in zip(eval_margins, eval_bins):
-                em[:, c] += _apply_binned(tree, eb, cuts.missing)
+                em[:, c] += kernels.leaf_values(eb, tree, cuts.missing)
         stop = _evaluate(booster, rnd, checked_evals, eval_margins, params, objective,
                          early_stopping_rounds, verbose_eval, bar)
         rabit.checkpoint({"trainer": "gbdt", "key": state_key(resume_key),

@@ -16,7 +16,8 @@ import rabit_py as rabit
 from trainers import gbdt, kmeans, linear
 from trainers.data import make_blobs, make_higgs_like, shard_range
 
-NAMES = ("gbdt_binary", "gbdt_regression", "gbdt_multiclass", "linear", "kmeans")
+NAMES = ("gbdt_binary", "gbdt_regression", "gbdt_multiclass", "gbdt_early_stop", "linear",
+         "kmeans")
 
 
 def binary_data(n=6000, seed=11):
@@ -59,7 +60,12 @@ GBDT_PARAMS = {
     "gbdt_multiclass": ({"objective": "multi:softprob", "num_class": 10, "eta": 0.3,
                          "max_depth": 3, "max_bin": 16, "eval_metric": ["mlogloss", "merror"]},
                         4, multiclass_data),
+    # Deep trees at a high learning rate on 1000 noisy rows overfit quickly.
+    "gbdt_early_stop": ({"objective": "binary:logistic", "eta": 1.0, "max_depth": 8,
+                         "min_child_weight": 0, "eval_metric": "logloss"}, 60,
+                        lambda: binary_data(2000, seed=15)),
 }
+EARLY_STOPPING = {"gbdt_early_stop": 3}
 
 
 def shard(a):
@@ -82,7 +88,10 @@ def main():
             params, rounds, make = GBDT_PARAMS[name]
             X, y = make()
             evals = [(shard(X[-1000:]), shard(y[-1000:]), "valid")]
+            # TRAIN_HIST_KERNEL: the tests compare the numba and NumPy kernels.
+            params = {**params, "hist_kernel": os.environ.get("TRAIN_HIST_KERNEL", "auto")}
             booster = gbdt.train(params, shard(X[:-1000]), shard(y[:-1000]), rounds, evals,
+                                 early_stopping_rounds=EARLY_STOPPING.get(name),
                                  verbose_eval=False)
             if rank == 0:
                 booster.save_model(path)
