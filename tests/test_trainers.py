@@ -188,6 +188,35 @@ def test_gbdt_cli_trains_and_saves_a_model(tmp_path):
     assert _auc(booster.predict(X), y) > 0.7
 
 
+def test_one_file_per_rank_gives_the_same_model_as_row_ranges(tmp_path):
+    X, y = programs.binary_data(3000)
+    table = np.column_stack([y, X])
+    np.save(tmp_path / "all.npy", table)
+    np.save(tmp_path / "part-0.npy", table[:1500])
+    np.save(tmp_path / "part-1.npy", table[1500:])
+    for source, model in (("all.npy", "a.json"), ("part-{rank}.npy", "b.json")):
+        code, text = run(rabit_run(2, sys.executable, "-m", "trainers.gbdt", "--train",
+                                   str(tmp_path / source), "--rounds", "3", "--quiet",
+                                   "--out", str(tmp_path / model)), timeout=120)
+        assert code == 0, text[-6000:]
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+
+
+def test_nan_for_linear_and_an_empty_shard_are_clear_errors(tmp_path):
+    X, y = programs.linear_data(200)
+    X[150, 2] = np.nan                 # in rank 1's half
+    np.save(tmp_path / "nan.npy", np.column_stack([y, X]))
+    code, text = run(rabit_run(2, sys.executable, "-m", "trainers.linear", "--train",
+                               str(tmp_path / "nan.npy")), timeout=120)
+    assert code != 0
+    assert "DataError: rank 1: X has NaN (first in local row 50)" in text, text[-6000:]
+    np.save(tmp_path / "tiny.npy", np.column_stack([y, X])[:3])
+    code, text = run(rabit_run(4, sys.executable, "-m", "trainers.kmeans", "--train",
+                               str(tmp_path / "tiny.npy")), timeout=120)
+    assert code != 0
+    assert "this rank's shard is empty" in text and "DataError: rank 0:" in text, text[-6000:]
+
+
 def test_linear_and_kmeans_clis(tmp_path):
     from sklearn.datasets import dump_svmlight_file
 
