@@ -9,8 +9,9 @@ Rows are split across ranks; every rank grows the same trees. Per round:
    of each pair is the parent's histogram minus the smaller one's;
 3. split finding with XGBoost's gain (``lambda``, ``gamma``,
    ``min_child_weight``), missing values sent the better way;
-4. the model after the round is the global checkpoint, so a replaced or
-   restarted worker resumes after the last finished round.
+4. the model after the round is the global checkpoint (``lazy_checkpoint``:
+   serialized only when a failure needs it), so a replaced or restarted
+   worker resumes after the last finished round.
 
 # Note [exact histograms]
 Float sums depend on the order of their terms, and that order depends on how
@@ -141,20 +142,31 @@ class Booster:
 
     # ---------------------------------------------------------- persistence
     def to_dict(self) -> Dict[str, Any]:
-        return {"format": "rabit_py.gbdt/1", "params": self.params,
+        """The model as plain JSON-able data."""
+        state = self.snapshot()
+        state["trees"] = [{k: v.tolist() for k, v in t.items()} for t in self.trees]
+        return state
+
+    def snapshot(self) -> Dict[str, Any]:
+        """The model as it is now, sharing the (never modified) tree arrays:
+        cheap enough to hand to ``lazy_checkpoint`` every round."""
+        return {"format": "rabit_py.gbdt/1", "params": dict(self.params),
                 "base_score": self.base_score, "n_features": self.n_features,
-                "trees": [{k: v.tolist() for k, v in t.items()} for t in self.trees],
-                "evals_result": self.evals_result, "best_iteration": self.best_iteration,
-                "best_score": self.best_score}
+                "trees": list(self.trees),
+                "evals_result": {name: {m: list(v) for m, v in metrics.items()}
+                                 for name, metrics in self.evals_result.items()},
+                "best_iteration": self.best_iteration, "best_score": self.best_score}
 
     @classmethod
     def from_dict(cls, state: Dict[str, Any]) -> "Booster":
         if state.get("format") != "rabit_py.gbdt/1":
             raise ValueError(f"not a rabit_py GBDT model (format {state.get('format')!r})")
-        booster = cls(state["params"], float(state["base_score"]), int(state["n_features"]))
+        booster = cls(dict(state["params"]), float(state["base_score"]),
+                      int(state["n_features"]))
         booster.trees = [{k: np.asarray(v, dtype=_TREE_DTYPES[k]) for k, v in t.items()}
                          for t in state["trees"]]
-        booster.evals_result = state["evals_result"]
+        booster.evals_result = {name: {m: list(v) for m, v in metrics.items()}
+                                for name, metrics in state["evals_result"].items()}
         booster.best_iteration = state["best_iteration"]
         booster.best_score = state["best_score"]
         return booster
@@ -337,7 +349,7 @@ class _Grower:
                 break
             G, H = hist[0] / scale_g, hist[1] / scale_h              # (S, F', B)
             Gt, Ht = totals[0] / scale_g, totals[1] / scale_h
-            best = self._best_splits(G, H, Gt, Ht, features)
+            best = self._shared_best_splits(G, H, Gt, Ht, features)
             split_nodes, small_children, large_children, parents_hist, children_totals = \
                 [], [], [], [], []
             for i, node in enumerate(frontier):
@@ -405,6 +417,23 @@ class _Grower:
                                       features, self.cuts.width)
         rabit.allreduce(out, rabit.Op.SUM)
         return np.moveaxis(out, 3, 0)
+
+    def _shared_best_splits(self, G: np.ndarray, H: np.ndarray, Gt: np.ndarray,
+                            Ht: np.ndarray, features: np.ndarray) -> List[tuple]:
+        """:meth:`_best_splits` of every node, the nodes dealt out over the
+        ranks and the answers gathered (a pure function of the summed
+        histograms, so whoever computes a node gets the same split)."""
+        size, rank, n = rabit.get_world_size(), rabit.get_rank(), G.shape[0]
+        if size == 1 or n < size:
+            return self._best_splits(G, H, Gt, Ht, features)
+        mine = np.arange(rank, n, size)
+        part = self._best_splits(G[mine], H[mine], Gt[mine], Ht[mine], features)
+        gathered = rabit.allgather(np.array(part, dtype=np.float64).reshape(-1, 4))
+        order = np.concatenate([np.arange(r, n, size) for r in range(size)])
+        best: List[tuple] = [()] * n
+        for node, (gain, f_local, b, default_left) in zip(order, gathered):
+            best[node] = (float(gain), int(f_local), int(b), bool(default_left))
+        return best
 
     def _best_splits(self, G: np.ndarray, H: np.ndarray, Gt: np.ndarray, Ht: np.ndarray,
                      features: np.ndarray) -> List[tuple]:
@@ -558,8 +587,9 @@ def train(params: Dict[str, Any], X: np.ndarray, y: np.ndarray, num_boost_round:
                 em[:, c] += kernels.leaf_values(eb, tree, cuts.missing)
         stop = _evaluate(booster, rnd, checked_evals, eval_margins, params, objective,
                          early_stopping_rounds, verbose_eval, bar)
-        rabit.checkpoint({"trainer": "gbdt", "key": state_key(resume_key),
-                          "model": booster.to_dict()})
+        # Serialized only if a failure needs it (the snapshot is never changed).
+        rabit.lazy_checkpoint({"trainer": "gbdt", "key": state_key(resume_key),
+                               "model": booster.snapshot()})
         if stop:
             break
     return booster
