@@ -36,7 +36,7 @@ def runs(tmp_path_factory):
         code, text = run(cmd, timeout=240)
         assert code == 0, text[-6000:]
         for name in programs.NAMES:
-            assert f"DONE {name}" in text, text[-6000:]
+            assert f"DONE {name} same on every rank" in text, text[-6000:]
         out[size] = folder
     return out
 

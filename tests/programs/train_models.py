@@ -6,6 +6,7 @@ world sizes, failure-free and recovered runs, and the references.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -93,24 +94,27 @@ def main():
             booster = gbdt.train(params, shard(X[:-1000]), shard(y[:-1000]), rounds, evals,
                                  early_stopping_rounds=EARLY_STOPPING.get(name),
                                  verbose_eval=False)
-            if rank == 0:
-                booster.save_model(path)
+            result = booster.to_dict()
         elif name == "linear":
             X, y = linear_data()
             model = linear.LogisticRegression(C=0.5, max_iter=200).fit(shard(X), shard(y))
-            if rank == 0:
-                with open(path, "w") as f:
-                    json.dump({"coef": model.coef_.tolist(), "intercept": model.intercept_.tolist(),
-                               "objective": model.objective_, "n_iter": model.n_iter_}, f)
+            result = {"coef": model.coef_.tolist(), "intercept": model.intercept_.tolist(),
+                      "objective": model.objective_, "n_iter": model.n_iter_}
         else:
             model = kmeans.KMeans(6, seed=5).fit(shard(blobs()))
-            if rank == 0:
-                with open(path, "w") as f:
-                    json.dump({"centers": model.cluster_centers_.tolist(),
-                               "init": model.initial_centers_.tolist(),
-                               "inertia": model.inertia_, "n_iter": model.n_iter_}, f)
+            result = {"centers": model.cluster_centers_.tolist(),
+                      "init": model.initial_centers_.tolist(),
+                      "inertia": model.inertia_, "n_iter": model.n_iter_}
+        text = json.dumps(result)
+        # Every rank must end with the same model: compare digests.
+        digest = np.frombuffer(hashlib.sha256(text.encode()).digest(), dtype=np.uint8)
+        digests = rabit.allgather(digest[None].copy())
         if rank == 0:
-            print(f"DONE {name}", flush=True)
+            with open(path, "w") as f:
+                f.write(text)
+            same = bool((digests == digests[0]).all())
+            print(f"DONE {name} {'same on every rank' if same else 'DIFFERS between ranks'}",
+                  flush=True)
     rabit.finalize()
     return 0
 
