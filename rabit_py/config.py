@@ -35,7 +35,12 @@ class Config:
             (``RABIT_CHECK``, default on).
         mock: fault-injection plan ``"rank,version,seqno,trial;..."`` for the
             ``"mock"`` engine (``RABIT_MOCK``).
-        checkpoint_dir: directory for durable checkpoints (``RABIT_CHECKPOINT_DIR``).
+        checkpoint_dir: directory for durable checkpoints (``RABIT_CHECKPOINT_DIR``);
+            unset: checkpoints live in memory only.
+        keep_checkpoints: complete durable versions kept on disk
+            (``RABIT_KEEP_CHECKPOINTS``, default 2).
+        restart_count: how many times rabit-run has restarted the whole job
+            (``RABIT_RESTART_COUNT``, set by rabit-run; 0 on the first start).
         log_level: level of the ``rabit_py`` logger (``RABIT_LOG_LEVEL``).
         replicas: extra copies of each rank's local model kept on its ring
             neighbours by the robust engine (``RABIT_REPLICAS``, default 1).
@@ -48,6 +53,8 @@ class Config:
     check: bool = True
     mock: str = ""
     checkpoint_dir: Optional[str] = None
+    keep_checkpoints: int = 2
+    restart_count: int = 0
     log_level: str = "WARNING"
     replicas: int = 1
     max_recoveries: int = 10
@@ -61,7 +68,10 @@ class Config:
                 f"timeout={self.timeout!r} must be a number of seconds >= 0 (0 = no timeout)")
         if not isinstance(self.check, bool):
             raise TypeError(f"check={self.check!r} must be a bool")
-        for name in ("replicas", "max_recoveries"):
+        if isinstance(self.keep_checkpoints, bool) or not isinstance(self.keep_checkpoints, int) \
+                or self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints={self.keep_checkpoints!r} must be an integer >= 1")
+        for name in ("replicas", "max_recoveries", "restart_count"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r} must be an integer >= 0")
@@ -124,7 +134,7 @@ class Config:
 
 
 # Variables that rabit_py tools set for the program, not settings of the engine.
-_KNOWN_FOREIGN = frozenset({"RABIT_RESTART_COUNT", "RABIT_RUN_STATUS_DIR"})
+_KNOWN_FOREIGN = frozenset({"RABIT_RUN_STATUS_DIR"})
 
 
 def _parse(type_name: Any, text: str) -> Any:

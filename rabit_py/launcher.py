@@ -9,6 +9,12 @@ It finds the ``mpirun`` that belongs to the installed mpi4py (the one the
 ``--allow-run-as-root`` when run as root, and ``--with-ft ulfm`` on Open MPI 5
 (so that a timeout or a dead rank raises an exception instead of hanging),
 passes the rest through, and reaps the whole job on Ctrl-C or SIGTERM.
+
+With ``--max-restarts N`` a job that fails (non-zero exit, a signal, a rank
+that in-job recovery could not replace) is started again, up to N times with
+a growing delay; the program sees the attempt number in
+``RABIT_RESTART_COUNT`` and, with ``--checkpoint-dir D`` (or
+``RABIT_CHECKPOINT_DIR``), resumes from the newest durable checkpoint there.
 """
 
 from __future__ import annotations
@@ -89,7 +95,8 @@ def split_args(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
     if "--" in argv:
         cut = argv.index("--")
         return argv[:cut], argv[cut + 1:]
-    takes_value = {"-n", "-np", "--np", "-c", "--mpirun"}
+    takes_value = {"-n", "-np", "--np", "-c", "--mpirun", "--max-restarts", "--checkpoint-dir",
+                   "--restart-delay"}
     i = 0
     while i < len(argv):
         word = argv[i]
@@ -115,6 +122,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="do not add --with-ft ulfm (no MPI fault tolerance)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the command instead of running it")
+    parser.add_argument("--max-restarts", type=int, default=0,
+                        help="start a failed job again up to this many times (default 0)")
+    parser.add_argument("--checkpoint-dir",
+                        help="durable checkpoint folder (sets RABIT_CHECKPOINT_DIR for the job)")
+    parser.add_argument("--restart-delay", type=float, default=1.0,
+                        help="seconds before the first restart, doubled each time (max 30)")
     return parser
 
 
@@ -193,11 +206,12 @@ def _kill_job(proc: "subprocess.Popen[bytes]") -> None:
         pass
 
 
-def _run(cmd: List[str], ranks: int) -> int:
+def _run(cmd: List[str], ranks: int, extra_env: Optional[dict] = None) -> Tuple[int, bool]:
+    """Run one attempt; return (exit status, whether the user interrupted it)."""
     # Each rank that finalizes cleanly leaves a file here (see MpiEngine.finalize):
     # it tells how the job ended if mpirun has to be stopped at teardown.
     status_dir = tempfile.mkdtemp(prefix="rabit-run-")
-    env = {**os.environ, STATUS_DIR_VARIABLE: status_dir}
+    env = {**os.environ, **(extra_env or {}), STATUS_DIR_VARIABLE: status_dir}
     try:
         return _supervise(subprocess.Popen(cmd, start_new_session=True, env=env),
                           ranks, status_dir)
@@ -205,7 +219,8 @@ def _run(cmd: List[str], ranks: int) -> int:
         shutil.rmtree(status_dir, ignore_errors=True)
 
 
-def _supervise(proc: "subprocess.Popen[bytes]", ranks: int, status_dir: str) -> int:
+def _supervise(proc: "subprocess.Popen[bytes]", ranks: int,
+               status_dir: str) -> Tuple[int, bool]:
     received: List[int] = []
 
     def forward(signum: int, frame: object) -> None:
@@ -267,10 +282,26 @@ def _supervise(proc: "subprocess.Popen[bytes]", ranks: int, status_dir: str) -> 
         for s, handler in old.items():
             signal.signal(s, handler)
     if received:
-        return 128 + received[0]
+        return 128 + received[0], True
     if lingered:
-        return 0 if _clean_exits(status_dir) >= ranks else 1
-    return code if code >= 0 else 128 - code
+        return (0 if _clean_exits(status_dir) >= ranks else 1), False
+    code = code if code >= 0 else 128 - code
+    unfinished = _unfinished(status_dir)
+    if code == 0 and unfinished:
+        # Seen with --with-ft ulfm: every rank SIGKILLed, yet mpirun exits 0.
+        print(f"rabit-run: mpirun reported success but rank(s) "
+              f"{', '.join(map(str, unfinished))} ended without finalize (killed?); "
+              f"the job failed", file=sys.stderr, flush=True)
+        code = 1
+    return code, False
+
+
+def _unfinished(status_dir: str) -> List[int]:
+    """Ranks whose engine started but that left no clean-exit mark."""
+    names = os.listdir(status_dir)
+    started = {n.rsplit(".", 1)[0] for n in names if n.endswith(".started")}
+    done = {n.rsplit(".", 1)[0] for n in names if n.endswith(".ok")}
+    return sorted(int(n.split("-", 1)[1]) for n in started - done)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -281,11 +312,47 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except FileNotFoundError as exc:
         print(f"rabit-run: {exc}", file=sys.stderr)
         return 127
-    if "--dry-run" in split_args(argv)[0]:
+    options, _ = split_args(argv)
+    args = _parser().parse_known_args(options)[0]
+    if args.max_restarts < 0:
+        _parser().error(f"--max-restarts {args.max_restarts}: must be >= 0")
+    if args.dry_run:
         print(shlex.join(cmd))
         return 0
-    options, _ = split_args(argv)
-    return _run(cmd, _parser().parse_known_args(options)[0].np)
+    extra_env = {}
+    if args.checkpoint_dir:
+        extra_env["RABIT_CHECKPOINT_DIR"] = os.path.abspath(args.checkpoint_dir)
+    return _run_with_restarts(cmd, args.np, args.max_restarts, args.restart_delay, extra_env)
+
+
+def _run_with_restarts(cmd: List[str], ranks: int, max_restarts: int, delay: float,
+                       extra_env: dict) -> int:
+    """Run the job; start it again after a failure, up to ``max_restarts`` times."""
+    start = time.monotonic()
+    failed_time = 0.0
+    attempt = 0
+    while True:
+        began = time.monotonic()
+        code, interrupted = _run(cmd, ranks, {**extra_env, "RABIT_RESTART_COUNT": str(attempt)})
+        if code == 0 or interrupted:
+            break
+        failed_time += time.monotonic() - began
+        if attempt >= max_restarts:
+            if max_restarts:
+                print(f"rabit-run: the job failed (exit status {code}) and "
+                      f"{max_restarts} restart(s) are used up; giving up", file=sys.stderr,
+                      flush=True)
+            break
+        attempt += 1
+        wait = min(delay * 2 ** (attempt - 1), 30.0)
+        print(f"rabit-run: the job failed (exit status {code}); restart {attempt} of "
+              f"{max_restarts} in {wait:g} s", file=sys.stderr, flush=True)
+        time.sleep(wait)
+    if attempt:
+        print(f"rabit-run: {attempt + 1} attempts, {time.monotonic() - start:.1f} s in all, "
+              f"{failed_time:.1f} s in failed attempts; exit status {code}",
+              file=sys.stderr, flush=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 ``RABIT_ENGINE=mock RABIT_MOCK="rank,version,seqno,trial;..."``: the process of
 ``rank`` kills itself with SIGKILL when it reaches call ``seqno`` of ``version``
 on its ``trial``-th life (0 for the original process, 1 for its first
-replacement, ...). ``seqno`` counts collectives since the last checkpoint from 0;
+replacement, ...; a whole-job restart by rabit-run counts as a life too, as
+Rabit's ``rabit_num_trial`` does, so a planned kill does not repeat forever).
+``seqno`` counts collectives since the last checkpoint from 0;
 a checkpoint (or finalize) is keyed by the seqno after the last collective of its
 version, i.e. the number of collectives made in that version. ``version`` is
 ``version_number()`` at that time. The count restarts at 0 after
@@ -34,10 +36,11 @@ class MockEngine(RobustEngine):
         self._plan = parse_plan(self._config.mock)
 
     def _before_call(self, seqno: int) -> None:
-        if matches(self._plan, self._rank, self._version, seqno, self._trial):
+        trial = self._trial + self._config.restart_count
+        if matches(self._plan, self._rank, self._version, seqno, trial):
             sys.stdout.flush()
             sys.stderr.write(f"rabit_py mock: rank {self._rank} killed at version "
-                             f"{self._version}, seqno {seqno}, trial {self._trial} "
+                             f"{self._version}, seqno {seqno}, trial {trial} "
                              f"(time {time.time():.6f})\n")
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)

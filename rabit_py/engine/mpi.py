@@ -23,6 +23,7 @@ from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
 from .._checkpoint import deserialize, serialize
+from .._store import DurableStore
 from ..config import Config
 from ..errors import (CheckpointError, CollectiveMismatchError, CollectiveTimeoutError,
                       PeerFailure, RabitError, RecoveryError)
@@ -100,6 +101,9 @@ class MpiEngine(Engine):
         self._global_blob: Optional[bytes] = None
         self._local_blob: Optional[bytes] = None
         self._lazy_global: Any = _NO_LAZY
+        self._store = (DurableStore(config.checkpoint_dir, self._rank, self._size,
+                                    config.keep_checkpoints)
+                       if config.checkpoint_dir else None)
         self._broken: Optional[str] = None
         self._finalized = False
         self._token: tuple = (0, 0, 0)  # (kind, version, seqno) of the current call
@@ -118,6 +122,7 @@ class MpiEngine(Engine):
         # At exit (after the program's own code, before MPI_Finalize), tell
         # rabit-run how this engine ended; handlers run newest first.
         self._clean_exit = False
+        _report_start(self._rank)
         atexit.register(lambda: _report_exit(self._rank, self._clean_exit))
         if self._watchdog is not None and not self._ulfm:
             log.debug("rank %d: no MPI fault tolerance: a timeout aborts the job "
@@ -304,18 +309,59 @@ class MpiEngine(Engine):
         self._lazy_global = _NO_LAZY
         self._version += 1
         self._seqno = 0
+        self._save_durable(global_blob, local_blob)
 
     def lazy_checkpoint(self, global_model: Any) -> None:
+        # On disk the global model must be bytes: the writing rank serializes it now.
+        blob = (serialize(global_model, "global model")
+                if self._store is not None and self._rank == 0 else None)
         self._sync(Kind.CHECKPOINT, None)
         self._lazy_global = global_model
         self._global_blob = self._local_blob = None
         self._version += 1
         self._seqno = 0
+        self._save_durable(blob, None)
 
     def load_checkpoint(self, with_local: bool = False) -> CheckpointResult:
         self._sync(Kind.LOAD_CHECKPOINT, None)
         self._seqno = 0    # calls are numbered from here, as after a checkpoint
+        self._load_durable()
         return self._checkpoint_result(with_local)
+
+    def _save_durable(self, global_blob: Optional[bytes], local_blob: Optional[bytes]) -> None:
+        """Queue the committed version for the disk (Note [durable store])."""
+        if self._store is not None:
+            self._store.save(self._version, global_blob, local_blob, local_blob is not None)
+
+    def _load_durable(self) -> None:
+        """On a fresh start (version 0) with a checkpoint folder: adopt the
+        newest version on disk that every rank can load."""
+        if self._store is None or self._version != 0:
+            return
+        problem: Optional[str] = None
+        mine = 0
+        try:
+            mine = self._store.newest_loadable()
+        except CheckpointError as exc:
+            problem = str(exc)
+        # Agree: the oldest of the ranks' newest versions; -1 if a rank failed.
+        agreed = self._comm.allreduce(-1 if problem else mine, op=MPI.MIN)
+        if agreed < 0:
+            failed = self._comm.allgather(problem)
+            raise CheckpointError("; ".join(p for p in failed if p))
+        if agreed == 0:
+            return
+        try:
+            global_blob, local_blob = self._store.load(agreed)
+        except CheckpointError as exc:
+            problem = str(exc)
+        failed = self._comm.allgather(problem)
+        if any(failed):
+            raise CheckpointError("; ".join(p for p in failed if p))
+        self._version, self._global_blob, self._local_blob = agreed, global_blob, local_blob
+        self._lazy_global = _NO_LAZY
+        log.warning("rank %d: resumed from durable checkpoint version %d in %s", self._rank,
+                    agreed, self._store.folder)
 
     def _checkpoint_result(self, with_local: bool) -> CheckpointResult:
         """The committed checkpoint, as ``load_checkpoint`` returns it."""
@@ -334,10 +380,16 @@ class MpiEngine(Engine):
     def finalize(self) -> None:
         if self._finalized:
             return
+        store_error: Optional[CheckpointError] = None
+        if self._store is not None:
+            try:
+                self._store.close()         # the last version reaches the disk
+            except CheckpointError as exc:
+                store_error = exc           # raised after the others are released
         try:
             if self._broken is None:
                 self._finalize_sync()
-                self._clean_exit = True
+                self._clean_exit = store_error is None
         finally:
             self._finalized = True
             atexit.unregister(self._at_exit)
@@ -348,6 +400,8 @@ class MpiEngine(Engine):
             if self._broken is None:
                 self._comm.Free()
                 self._ctrl.Free()
+        if store_error is not None:
+            raise store_error
 
     def _at_exit(self) -> None:
         if self._finalized or self._broken is not None:
@@ -493,6 +547,17 @@ class MpiEngine(Engine):
 
         self._saved_excepthook = previous
         sys.excepthook = hook
+
+
+def _report_start(rank: int) -> None:
+    """Leave rabit-run a ``rank-R.started`` mark: a rank that started but
+    leaves no ``rank-R.ok`` did not end cleanly, whatever mpirun says."""
+    status_dir = os.environ.get("RABIT_RUN_STATUS_DIR")
+    if status_dir and os.path.isdir(status_dir):
+        try:
+            open(os.path.join(status_dir, f"rank-{rank}.started"), "w").close()
+        except OSError:
+            pass
 
 
 def _report_exit(rank: int, clean: bool) -> None:

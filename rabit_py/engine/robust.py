@@ -216,6 +216,11 @@ class RobustEngine(MpiEngine):
             self._replicas = replicas
             self._version += 1
             self._start_epoch()
+            if self._store is not None:
+                on_disk = global_blob
+                if on_disk is None and self._rank == 0 and lazy is not _NO_LAZY:
+                    on_disk = serialize(lazy, "global model")
+                self._save_durable(on_disk, local_blob)
 
         self._call(Kind.CHECKPOINT, key, (Kind.CHECKPOINT,), execute, None, error)
 
@@ -225,6 +230,12 @@ class RobustEngine(MpiEngine):
             try:
                 if not (self._recovering or not self._has_version):
                     self._sync(Kind.LOAD_CHECKPOINT, None)
+                    if self._store is not None and self._version == 0:
+                        self._load_durable()
+                        if self._version > 0:
+                            # The ring copies of the local models, as after a checkpoint.
+                            self._replicas = self._guarded(
+                                Kind.LOAD_CHECKPOINT, lambda: self._replicate(self._local_blob))
                     break
                 # A replacement (or any rank while recovering) asks the survivors.
                 if self._guarded(Kind.LOAD_CHECKPOINT, lambda: self._round(None))[0] == _SERVED:

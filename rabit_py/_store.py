@@ -1,0 +1,317 @@
+"""The durable checkpoint store: versions on disk that a restarted job resumes from.
+
+# Note [durable store]
+One folder per version, ``v00000042/``, holding
+
+- ``global.ckpt``: the global model, written by the leader (rank 0);
+- ``local-R.ckpt``: rank R's local model (a "none" payload when it has none),
+  written by rank R itself;
+- ``MANIFEST.json``: world size, whether local models are used, written by the
+  leader.
+
+Every file is written to a temporary name, fsync'ed, renamed, and the folder
+fsync'ed, so a crash leaves either the old state or the whole new file. A
+``.ckpt`` file starts with a header (magic, format, world size, version,
+payload length, CRC-32) so that a truncated, corrupt or foreign file is
+recognized. A version is *complete* when the manifest and every file it lists
+are there and valid; loading takes the newest complete version and falls back
+to older ones (with a warning) past a bad file. No rank waits for another:
+completeness is read from the files themselves, which also lets the writes run
+on a background thread while training goes on. The leader removes versions
+older than the newest ``keep`` complete ones.
+
+The folder is meant to be shared by all ranks (one path on a shared
+filesystem); with per-node folders, local models are found only when each
+rank restarts on the node where it wrote them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import re
+import shutil
+import struct
+import threading
+import zlib
+from typing import List, Optional, Tuple
+
+from ._version import __version__
+from .errors import CheckpointError
+
+__all__ = ["DurableStore", "read_file", "write_file", "MAGIC"]
+
+log = logging.getLogger("rabit_py")
+
+MAGIC = b"RABITCKP"
+FORMAT = 1
+# magic, format, world size, version, has payload, payload length, crc32
+_HEADER = struct.Struct("<8sIIQBQI")
+_VERSION_DIR = re.compile(r"^v(\d{8,})$")
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_file(path: str, payload: Optional[bytes], world_size: int, version: int) -> None:
+    """Write one checkpoint file atomically (temporary name, fsync, rename,
+    fsync of the folder). ``payload`` None records "no model"."""
+    data = payload if payload is not None else b""
+    header = _HEADER.pack(MAGIC, FORMAT, world_size, version, payload is not None, len(data),
+                          zlib.crc32(data))
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(header)
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(path) or ".")
+
+
+def read_file(path: str, version: int) -> Tuple[Optional[bytes], int]:
+    """(payload or None, world size) of a checkpoint file.
+
+    Raises:
+        CheckpointError: missing, truncated, corrupt (checksum), foreign, or of
+            another version; the message names the path and the reason.
+    """
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    if raw[:len(MAGIC)] != MAGIC[:len(raw)] or (len(raw) >= len(MAGIC) and
+                                                 raw[:len(MAGIC)] != MAGIC):
+        raise CheckpointError(f"{path}: not a rabit_py checkpoint file (bad magic)")
+    if len(raw) < _HEADER.size:
+        raise CheckpointError(f"{path}: truncated ({len(raw)} bytes, shorter than its header)")
+    magic, fmt, world, file_version, has, length, crc = _HEADER.unpack_from(raw)
+    if magic != MAGIC:
+        raise CheckpointError(f"{path}: not a rabit_py checkpoint file (bad magic)")
+    if fmt != FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {fmt}, this rabit_py "
+                              f"({__version__}) reads format {FORMAT}")
+    if file_version != version:
+        raise CheckpointError(f"{path}: holds version {file_version}, expected {version}")
+    data = raw[_HEADER.size:]
+    if len(data) != length:
+        raise CheckpointError(f"{path}: truncated (payload {len(data)} of {length} bytes)")
+    if zlib.crc32(data) != crc:
+        raise CheckpointError(f"{path}: corrupt (checksum mismatch)")
+    return (data if has else None), world
+
+
+class DurableStore:
+    """Versions of the checkpoint on disk (Note [durable store]).
+
+    Args:
+        folder: the checkpoint folder (created if missing).
+        rank, world_size: this process in the job.
+        keep: complete versions to keep (older ones are removed by the leader).
+    """
+
+    def __init__(self, folder: str, rank: int, world_size: int, keep: int = 2) -> None:
+        if keep < 1:
+            raise ValueError(f"keep={keep} must be >= 1")
+        self.folder = os.path.abspath(folder)
+        self.rank, self.world_size, self.keep = rank, world_size, keep
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(f"rank {rank}: cannot create the checkpoint folder "
+                                  f"{self.folder}: {exc}") from exc
+        self._queue: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="rabit-checkpoint-writer",
+                                        daemon=True)
+        self._thread.start()
+        self.write_seconds = 0.0            # time spent writing (for the benchmark)
+
+    # ------------------------------------------------------------ writing
+    def version_dir(self, version: int) -> str:
+        return os.path.join(self.folder, f"v{version:08d}")
+
+    def save(self, version: int, global_blob: Optional[bytes], local_blob: Optional[bytes],
+             uses_local: bool) -> None:
+        """Queue this rank's files of ``version`` for writing (the bytes are
+        immutable, so no copy is needed); returns at once.
+
+        Raises:
+            CheckpointError: an earlier write failed (disk full, permissions...).
+        """
+        self._raise_pending()
+        self._queue.put((version, global_blob, local_blob, uses_local))
+
+    def flush(self) -> None:
+        """Wait until every queued write is on disk.
+
+        Raises:
+            CheckpointError: a write failed.
+        """
+        self._queue.join()
+        self._raise_pending()
+
+    def close(self) -> None:
+        """Finish the queued writes and stop the writer thread."""
+        self._queue.put(None)
+        self._thread.join()
+        self._raise_pending()
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise CheckpointError(f"rank {self.rank}: writing a durable checkpoint failed: "
+                                  f"{error}") from error
+
+    def _run(self) -> None:
+        import time
+
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                start = time.perf_counter()
+                self._write(*item)
+                self.write_seconds += time.perf_counter() - start
+            except Exception as exc:  # noqa: BLE001 - reported on the caller's thread
+                self._error = exc
+            finally:
+                self._queue.task_done()
+
+    def _write(self, version: int, global_blob: Optional[bytes], local_blob: Optional[bytes],
+               uses_local: bool) -> None:
+        folder = self.version_dir(version)
+        os.makedirs(folder, exist_ok=True)
+        write_file(os.path.join(folder, f"local-{self.rank}.ckpt"), local_blob,
+                   self.world_size, version)
+        if self.rank != 0:
+            return
+        write_file(os.path.join(folder, "global.ckpt"), global_blob, self.world_size, version)
+        manifest = {"format": FORMAT, "rabit_py": __version__, "version": version,
+                    "world_size": self.world_size, "uses_local": uses_local}
+        tmp = os.path.join(folder, f"MANIFEST.json.tmp-{os.getpid()}")
+        with open(tmp, "w") as f:
+            json.dump(manifest, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(folder, "MANIFEST.json"))
+        _fsync_dir(folder)
+        _fsync_dir(self.folder)
+        self._prune()
+
+    def _prune(self) -> None:
+        """Remove versions older than the newest ``keep`` complete ones."""
+        complete = [v for v in self.versions() if self._problem(v, local=False) is None]
+        if len(complete) < self.keep:
+            return
+        oldest_kept = complete[-self.keep]
+        for v in self.versions():
+            if v < oldest_kept:
+                shutil.rmtree(self.version_dir(v), ignore_errors=True)
+
+    # ------------------------------------------------------------ reading
+    def versions(self) -> List[int]:
+        """Version numbers that have a folder, oldest first."""
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            return []
+        return sorted(int(m.group(1)) for m in map(_VERSION_DIR.match, names) if m)
+
+    def _manifest(self, version: int) -> dict:
+        path = os.path.join(self.version_dir(version), "MANIFEST.json")
+        try:
+            with open(path) as f:
+                manifest = json.load(f)
+        except OSError as exc:
+            raise CheckpointError(f"{path}: missing ({exc.strerror or exc}): the version was "
+                                  f"not finished") from exc
+        except ValueError as exc:
+            raise CheckpointError(f"{path}: corrupt ({exc})") from exc
+        if manifest.get("format") != FORMAT or manifest.get("version") != version:
+            raise CheckpointError(f"{path}: foreign or of another format/version")
+        return manifest
+
+    def _problem(self, version: int, local: bool) -> Optional[str]:
+        """Why ``version`` cannot be loaded (None if it can): the manifest and
+        global file, plus every local file if ``local``."""
+        try:
+            manifest = self._manifest(version)
+            folder = self.version_dir(version)
+            read_file(os.path.join(folder, "global.ckpt"), version)
+            if local:
+                for r in range(manifest["world_size"]):
+                    read_file(os.path.join(folder, f"local-{r}.ckpt"), version)
+        except CheckpointError as exc:
+            return str(exc)
+        return None
+
+    def newest_loadable(self) -> int:
+        """The newest version this rank can load (0 if none), with a warning
+        for each newer version skipped.
+
+        Raises:
+            CheckpointError: versions exist but none can be loaded.
+        """
+        found = self.versions()
+        for version in reversed(found):
+            problem = self._problem(version, local=False)
+            if problem is None:
+                mine = self._local_problem(version)
+                if mine is None:
+                    return version
+                problem = mine
+            log.warning("rank %d: durable checkpoint version %d is skipped: %s; trying an "
+                        "older one", self.rank, version, problem)
+        if found:
+            raise CheckpointError(f"rank {self.rank}: no version in {self.folder} can be loaded "
+                                  f"(found {found}); see the warnings above")
+        return 0
+
+    def _local_problem(self, version: int) -> Optional[str]:
+        manifest = self._manifest(version)
+        if not manifest["uses_local"]:
+            return None
+        if manifest["world_size"] != self.world_size:
+            return None         # refused with a clear error by load()
+        try:
+            read_file(os.path.join(self.version_dir(version), f"local-{self.rank}.ckpt"),
+                      version)
+        except CheckpointError as exc:
+            return str(exc)
+        return None
+
+    def load(self, version: int) -> Tuple[Optional[bytes], Optional[bytes]]:
+        """(global blob, this rank's local blob) of ``version``.
+
+        Raises:
+            CheckpointError: a bad file, or the world size changed while local
+                models are used (each rank's local model belongs to its rank).
+        """
+        manifest = self._manifest(version)
+        folder = self.version_dir(version)
+        global_blob, _ = read_file(os.path.join(folder, "global.ckpt"), version)
+        if manifest["uses_local"] and manifest["world_size"] != self.world_size:
+            raise CheckpointError(
+                f"rank {self.rank}: checkpoint version {version} in {folder} was written by "
+                f"{manifest['world_size']} ranks with local models; this job has "
+                f"{self.world_size} ranks. Local models belong to their ranks: restart with "
+                f"{manifest['world_size']} ranks (a global-only checkpoint may change size)")
+        local_blob = None
+        if manifest["uses_local"]:
+            local_blob, _ = read_file(os.path.join(folder, f"local-{self.rank}.ckpt"), version)
+        return global_blob, local_blob

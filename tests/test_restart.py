@@ -1,0 +1,105 @@
+"""Whole-job restart by rabit-run from durable checkpoints: the job fails as a
+whole (in-job recovery off, or every rank killed), rabit-run starts it again,
+it resumes from the newest complete version on disk and ends with the same
+models as a failure-free run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ._proc import ROOT, _kill_tree, run
+
+PROGRAM = [sys.executable, "tests/programs/bsp_train.py"]
+RANKS = 4
+
+
+def launcher(*options):
+    return [sys.executable, "-m", "rabit_py.launcher", "-n", str(RANKS), *options, "--",
+            *PROGRAM]
+
+
+def parse(out, tag):
+    return [json.loads(line[len(tag) + 1:]) for line in out.splitlines()
+            if line.startswith(tag + " ")]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    code, out = run(launcher(), timeout=120, env={"RABIT_ENGINE": "robust"})
+    assert code == 0, out
+    return {r["rank"]: r for r in parse(out, "RESULT")}
+
+
+def assert_same_models(out, reference):
+    results = parse(out, "RESULT")
+    assert sorted(r["rank"] for r in results) == list(range(RANKS)), out[-6000:]
+    for r in results:
+        ref = reference[r["rank"]]
+        assert (r["model"], r["local"], r["version"]) == \
+            (ref["model"], ref["local"], ref["version"]), f"rank {r['rank']} differs"
+
+
+def test_a_fault_with_recovery_off_restarts_the_job_from_disk(reference, tmp_path):
+    code, out = run(launcher("--max-restarts", "2", "--restart-delay", "0.2",
+                             "--checkpoint-dir", str(tmp_path)), timeout=240,
+                    env={"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,3,1,0",
+                         "RABIT_MAX_RECOVERIES": "0", "RABIT_TIMEOUT": "45"})
+    assert code == 0, out[-6000:]
+    assert "rabit-run: the job failed" in out and "restart 1 of 2" in out, out[-6000:]
+    assert "rabit-run: 2 attempts" in out
+    assert len(parse(out, "START")) == 2 * RANKS
+    assert "resumed from durable checkpoint version" in out, out[-6000:]
+    assert_same_models(out, reference)
+    # Only the newest complete versions stay on disk (RABIT_KEEP_CHECKPOINTS=2).
+    assert sorted(os.listdir(tmp_path)) == ["v00000005", "v00000006"]
+
+
+def test_every_rank_killed_from_outside_resumes_from_disk(reference, tmp_path):
+    proc = subprocess.Popen(launcher("--max-restarts", "1", "--restart-delay", "0.2",
+                                     "--checkpoint-dir", str(tmp_path)) + ["--sleep", "0.4"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True,
+                            env={**os.environ, "RABIT_ENGINE": "robust"})
+    lines = []
+    try:
+        deadline = time.monotonic() + 120
+        pids = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("START "):
+                pids.append(json.loads(line[6:])["pid"])
+            if line.startswith("ROUND 2 done"):
+                for pid in pids:
+                    os.kill(pid, signal.SIGKILL)
+                break
+            assert time.monotonic() < deadline, "".join(lines)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        _kill_tree(proc.pid)
+    out = "".join(lines) + out
+    assert proc.returncode == 0, out[-6000:]
+    assert "restart 1 of 1" in out and "resumed from durable checkpoint version" in out
+    assert_same_models(out, reference)
+
+
+def test_used_up_restarts_end_with_a_clear_message(tmp_path):
+    code, out = run(launcher("--max-restarts", "1", "--restart-delay", "0.1",
+                             "--checkpoint-dir", str(tmp_path)) + ["--raise-at", "2"],
+                    timeout=240, env={"RABIT_ENGINE": "robust"})
+    assert code != 0
+    assert "1 restart(s) are used up; giving up" in out, out[-6000:]
+    assert "rabit-run: 2 attempts" in out
+    assert parse(out, "RESULT") == []
+
+
+def test_dry_run_shows_the_command_without_rabit_run_options():
+    code, out = run(launcher("--max-restarts", "3", "--checkpoint-dir", "/tmp/x", "--dry-run"),
+                    timeout=30)
+    assert code == 0
+    assert "--max-restarts" not in out and "--checkpoint-dir" not in out
+    assert "bsp_train.py" in out

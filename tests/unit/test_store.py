@@ -1,0 +1,109 @@
+"""The durable checkpoint store, without MPI: two "ranks" share one folder."""
+
+import logging
+import os
+
+import pytest
+
+from rabit_py._store import DurableStore, read_file, write_file
+from rabit_py.errors import CheckpointError
+
+
+def stores(folder, world=2, keep=2):
+    return [DurableStore(str(folder), r, world, keep) for r in range(world)]
+
+
+def save_versions(ranks, versions, with_local=True):
+    for v in versions:
+        for s in ranks:
+            local = f"local {s.rank} v{v}".encode() if with_local else None
+            s.save(v, f"global v{v}".encode() if s.rank == 0 else None, local, with_local)
+        for s in ranks:
+            s.flush()
+
+
+def test_versions_round_trip_and_old_ones_are_pruned(tmp_path):
+    ranks = stores(tmp_path)
+    save_versions(ranks, [1, 2, 3])
+    assert ranks[0].versions() == [2, 3]              # keep=2
+    for s in ranks:
+        assert s.newest_loadable() == 3
+        assert s.load(3) == (b"global v3", f"local {s.rank} v3".encode())
+    assert not [n for n in os.listdir(tmp_path / "v00000003") if ".tmp-" in n]
+
+
+def test_a_corrupt_global_file_falls_back_with_a_warning(tmp_path, caplog):
+    ranks = stores(tmp_path)
+    save_versions(ranks, [1, 2])
+    path = tmp_path / "v00000002" / "global.ckpt"
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with caplog.at_level(logging.WARNING, logger="rabit_py"):
+        assert ranks[1].newest_loadable() == 1
+    assert f"{path}: corrupt (checksum mismatch)" in caplog.text
+    with pytest.raises(CheckpointError, match="corrupt"):
+        ranks[1].load(2)
+
+
+def test_a_truncated_local_file_makes_only_its_rank_fall_back(tmp_path):
+    ranks = stores(tmp_path)
+    save_versions(ranks, [1, 2])
+    path = tmp_path / "v00000002" / "local-1.ckpt"
+    path.write_bytes(path.read_bytes()[:-3])
+    assert ranks[0].newest_loadable() == 2
+    assert ranks[1].newest_loadable() == 1          # the engine agrees on the minimum
+    with pytest.raises(CheckpointError, match=r"local-1.ckpt: truncated \(payload"):
+        read_file(str(path), 2)
+
+
+def test_foreign_and_misplaced_files_are_recognized(tmp_path):
+    junk = tmp_path / "junk.ckpt"
+    junk.write_bytes(b"not a checkpoint at all, just bytes")
+    with pytest.raises(CheckpointError, match="not a rabit_py checkpoint file"):
+        read_file(str(junk), 1)
+    write_file(str(tmp_path / "a.ckpt"), b"x", 2, 5)
+    with pytest.raises(CheckpointError, match="holds version 5, expected 6"):
+        read_file(str(tmp_path / "a.ckpt"), 6)
+    (tmp_path / "short.ckpt").write_bytes(b"RABIT")
+    with pytest.raises(CheckpointError, match="shorter than its header"):
+        read_file(str(tmp_path / "short.ckpt"), 1)
+
+
+def test_a_crash_before_the_rename_leaves_the_previous_version(tmp_path):
+    ranks = stores(tmp_path)
+    save_versions(ranks, [1, 2])
+    # Version 3 died while writing: only temporary files, no manifest.
+    (tmp_path / "v00000003").mkdir()
+    (tmp_path / "v00000003" / "global.ckpt.tmp-4242").write_bytes(b"half")
+    assert ranks[0].newest_loadable() == 2
+    assert ranks[0].load(2)[0] == b"global v2"
+
+
+def test_world_size_change_refused_with_local_models_allowed_without(tmp_path):
+    save_versions(stores(tmp_path / "a"), [1])
+    bigger = DurableStore(str(tmp_path / "a"), 0, 4)
+    assert bigger.newest_loadable() == 1
+    with pytest.raises(CheckpointError, match="written by 2 ranks with local models; this job "
+                                              "has 4 ranks"):
+        bigger.load(1)
+    save_versions(stores(tmp_path / "b"), [1], with_local=False)
+    assert DurableStore(str(tmp_path / "b"), 3, 4).load(1) == (b"global v1", None)
+
+
+def test_no_loadable_version_is_an_error_not_a_fresh_start(tmp_path):
+    ranks = stores(tmp_path, keep=1)
+    save_versions(ranks, [1])
+    (tmp_path / "v00000001" / "global.ckpt").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match=r"no version in .* can be loaded \(found \[1\]\)"):
+        ranks[0].newest_loadable()
+    assert DurableStore(str(tmp_path / "empty"), 0, 2).newest_loadable() == 0
+
+
+def test_a_failed_write_is_reported_on_the_next_call(tmp_path):
+    store = DurableStore(str(tmp_path), 0, 1)
+    (tmp_path / "v00000001").write_text("a file where the version folder should be")
+    store.save(1, b"g", None, False)
+    with pytest.raises(CheckpointError, match="rank 0: writing a durable checkpoint failed"):
+        store.flush()
+    store.close()
