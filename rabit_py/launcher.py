@@ -96,7 +96,8 @@ def split_args(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
         cut = argv.index("--")
         return argv[:cut], argv[cut + 1:]
     takes_value = {"-n", "-np", "--np", "-c", "--mpirun", "--max-restarts", "--checkpoint-dir",
-                   "--restart-delay"}
+                   "--restart-delay", "--launcher", "--hostfile", "--machinefile", "--host",
+                   "-H"}
     i = 0
     while i < len(argv):
         word = argv[i]
@@ -115,8 +116,15 @@ def _parser() -> argparse.ArgumentParser:
         description="Start a rabit_py job with the mpirun of the installed MPI. Options "
                     "not listed here are passed to mpirun.",
         epilog="example: rabit-run -n 4 python train.py --rounds 10")
-    parser.add_argument("-n", "-np", "--np", "-c", dest="np", type=int, required=True,
-                        help="number of ranks")
+    parser.add_argument("-n", "-np", "--np", "-c", dest="np", type=int,
+                        default=int(os.environ["SLURM_NTASKS"]) if os.environ.get(
+                            "SLURM_NTASKS", "").isdigit() else None,
+                        help="number of ranks (default inside Slurm: SLURM_NTASKS)")
+    parser.add_argument("--launcher", choices=["mpirun", "srun"], default="mpirun",
+                        help="start the ranks with the MPI's mpirun (default; across machines "
+                             "give --hostfile F, or run inside a Slurm allocation, which "
+                             "mpirun reads itself) or with Slurm's srun --mpi=pmix (no in-job "
+                             "recovery: srun has no --with-ft; restarts still work)")
     parser.add_argument("--mpirun", help="mpirun to use (default: the one beside this Python)")
     parser.add_argument("--no-ft", action="store_true",
                         help="do not add --with-ft ulfm (no MPI fault tolerance)")
@@ -149,8 +157,16 @@ def build_command(argv: Sequence[str], is_root: Optional[bool] = None,
     args, passthrough = parser.parse_known_args(options)
     if not program:
         parser.error("no program to run: rabit-run -n N [options] [--] program args")
+    if args.np is None:
+        parser.error("the number of ranks is required: -n N (or run inside a Slurm "
+                     "allocation)")
     if args.np < 1:
         parser.error(f"-n {args.np}: need at least one rank")
+    if args.launcher == "srun":
+        srun = shutil.which("srun")
+        if srun is None:
+            raise FileNotFoundError("--launcher srun: no srun on PATH (is Slurm installed?)")
+        return [srun, "-n", str(args.np), "--mpi=pmix"] + passthrough + program
     mpirun = find_mpirun(args.mpirun)
     if is_root is None:
         is_root = os.geteuid() == 0

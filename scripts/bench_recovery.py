@@ -11,7 +11,12 @@ rank killed by the mock engine, and reports:
   the failure added to the job (whole job, and the training loop alone);
 - checkpoint cost against model size (a global and a local model of that size)
   on the robust and the plain engine, side by side in the failure-free job;
-- the memory held by the result cache at the end of a round.
+- the memory held by the result cache at the end of a round;
+- whole-job restart from the durable checkpoint (``rabit-run --max-restarts 1
+  --checkpoint-dir``, in-job recovery off) against in-job recovery, for the
+  same kill, with a realistic start-up (imports and loading each rank's
+  data): time from the kill to the job's next finished round, and time lost;
+- the durable checkpoint write against a raw file write of the same bytes.
 """
 
 from __future__ import annotations
@@ -35,11 +40,16 @@ SIZES = [1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 def worker(args: argparse.Namespace) -> int:
     import rabit_py as rabit
 
+    from trainers.data import make_higgs_like     # start-up: imports and data loading
+
     rabit.init()
     engine = rabit.api._engine
     rank = rabit.get_rank()
     start = time.time()
+    if args.load_rows:
+        make_higgs_like(args.load_rows, seed=rank)
     version, model = rabit.load_checkpoint()
+    first_round = True
     if version == 0:
         model = np.zeros(args.elements)
     grad = np.empty(args.elements)
@@ -53,6 +63,9 @@ def worker(args: argparse.Namespace) -> int:
         model = model + 1e-3 * grad
         cache_bytes = engine._cache.nbytes
         rabit.checkpoint(model)
+        if first_round and rank == 0:
+            print(f"FIRST_ROUND {time.time():.6f} {version}", flush=True)
+        first_round = False
     elapsed = time.time() - start
     report = {"rank": rank, "elapsed": elapsed, "cache_bytes_per_round": cache_bytes,
               "recoveries": engine.recovery_log,
@@ -88,8 +101,9 @@ def checkpoint_costs(rabit, args: argparse.Namespace) -> Dict[str, Dict[str, flo
 
 
 # ---------------------------------------------------------------- driver side
-def launch(ranks: int, env: Dict[str, str], extra: List[str]) -> tuple:
-    cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", str(ranks), "--",
+def launch(ranks: int, env: Dict[str, str], extra: List[str],
+           options: Optional[List[str]] = None) -> tuple:
+    cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", str(ranks), *(options or []), "--",
            sys.executable, os.path.abspath(__file__), "--worker"] + extra
     start = time.time()
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -101,6 +115,53 @@ def launch(ranks: int, env: Dict[str, str], extra: List[str]) -> tuple:
     return wall, reports, out
 
 
+def restart_comparison(args: argparse.Namespace, common: List[str], base_wall: float,
+                       runs: List[dict]) -> Dict[str, Dict[str, float]]:
+    """The same kill handled by a whole-job restart from disk, next to the
+    in-job recoveries measured above."""
+    import tempfile
+
+    plan = runs[0]["plan"]
+    with tempfile.TemporaryDirectory() as folder:
+        wall, _, out = launch(args.ranks, {"RABIT_ENGINE": "mock", "RABIT_MOCK": plan,
+                                           "RABIT_MAX_RECOVERIES": "0"}, common,
+                              ["--max-restarts", "1", "--restart-delay", "0",
+                               "--checkpoint-dir", folder])
+    killed_at = float(re.search(r"killed at .*\(time ([\d.]+)\)", out).group(1))
+    resumed = [float(t) for t, v in re.findall(r"FIRST_ROUND ([\d.]+) (\d+)", out)
+               if int(v) > 0]
+    in_job = {"kill_to_progress": statistics.median(r["kill_to_progress"] for r in runs),
+              "time_lost": statistics.median(r["steps"]["added_wall"] for r in runs)}
+    return {"in_job": in_job,
+            "restart": {"kill_to_progress": resumed[0] - killed_at,
+                        "time_lost": wall - base_wall}}
+
+
+def durable_write_costs() -> Dict[int, tuple]:
+    """(raw, durable) seconds to write one file of each size (median of 3)."""
+    import tempfile
+
+    from rabit_py._store import write_file
+
+    out = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for size in (1 << 20, 16 << 20, 64 << 20):
+            blob = os.urandom(size)
+            raw, durable = [], []
+            for i in range(3):
+                t0 = time.perf_counter()
+                with open(os.path.join(folder, f"raw{i}"), "wb") as f:
+                    f.write(blob)
+                    f.flush()
+                    os.fsync(f.fileno())
+                raw.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                write_file(os.path.join(folder, f"durable{i}"), blob, 4, 1)
+                durable.append(time.perf_counter() - t0)
+            out[size] = (statistics.median(raw), statistics.median(durable))
+    return out
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -109,13 +170,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--elements", type=int, default=1 << 16, help="gradient length")
     parser.add_argument("--runs", type=int, default=3, help="runs with a failure")
+    parser.add_argument("--load-rows", type=int, default=300_000,
+                        help="rows of data each rank generates at start-up (data loading)")
     parser.add_argument("--json", default="bench-results/recovery.json")
     parser.add_argument("--plot", nargs="?", const="bench-results/recovery.png")
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
 
-    common = ["--rounds", str(args.rounds), "--elements", str(args.elements)]
+    common = ["--rounds", str(args.rounds), "--elements", str(args.elements),
+              "--load-rows", str(args.load_rows)]
     base_wall, base, _ = launch(args.ranks, {"RABIT_ENGINE": "robust"}, common)
     _, sized, _ = launch(args.ranks, {"RABIT_ENGINE": "robust"},
                          ["--rounds", "1", "--checkpoint-sizes"])
@@ -138,7 +202,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             "added_loop": (max(r["elapsed"] for r in survivors)
                            - max(r["elapsed"] for r in base)),
         }
-        runs.append({"plan": plan, "wall": wall, "steps": steps})
+        runs.append({"plan": plan, "wall": wall, "steps": steps,
+                     "kill_to_progress": max(r["resumed"] for r in rec) - killed_at})
+
+    restart = restart_comparison(args, common, base_wall, runs)
+    writes = durable_write_costs()
 
     median = {k: statistics.median(r["steps"][k] for r in runs) for k in runs[0]["steps"]}
     print(f"\nrecovery of one killed rank, {args.ranks} ranks on {os.cpu_count()} cores"
@@ -157,10 +225,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     for size in SIZES:
         print(f"{size:>10} {costs['robust'][str(size)] * 1e3:10.2f} "
               f"{costs['mpi'][str(size)] * 1e3:10.2f}")
+    print(f"\nin-job recovery vs whole-job restart from the durable checkpoint "
+          f"(same kill; start-up loads {args.load_rows} rows per rank), seconds")
+    print(f"{'':>24}{'in-job':>10}{'restart':>10}{'ratio':>8}")
+    for key in ("kill_to_progress", "time_lost"):
+        a, b = restart["in_job"][key], restart["restart"][key]
+        print(f"{key:>24}{a:10.2f}{b:10.2f}{b / a:8.1f}")
+    print("\ndurable checkpoint write vs raw file write (open, write, fsync), ms")
+    print(f"{'size':>10}{'raw':>10}{'durable':>10}{'ratio':>8}")
+    for size, (raw, durable) in writes.items():
+        print(f"{size:>10}{raw * 1e3:10.2f}{durable * 1e3:10.2f}{durable / raw:8.2f}")
     result = {"benchmark": "recovery", "ranks": args.ranks, "cores": os.cpu_count(),
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "base_wall": base_wall,
               "runs": runs, "median": median, "cache_bytes_per_round": cache,
-              "checkpoint_seconds": costs}
+              "checkpoint_seconds": costs, "restart": restart,
+              "durable_write_seconds": {str(k): v for k, v in writes.items()}}
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as fh:
         json.dump(result, fh, indent=1)

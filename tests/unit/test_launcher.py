@@ -177,3 +177,31 @@ def test_an_abort_that_blocks_still_ends_the_rank(tmp_path):
     assert "returned" not in proc.stdout
     assert time.monotonic() - start < 20
     assert sorted(os.listdir(tmp_path)) == ["rank-3.failed"]
+
+
+def test_hostfile_is_passed_to_mpirun_and_slurm_gives_the_rank_count(monkeypatch, capsys):
+    assert launcher.main(["-n", "2", "--hostfile", "hosts.txt", "--dry-run", "python",
+                          "t.py"]) == 0
+    line = capsys.readouterr().out.split()
+    assert line[line.index("--hostfile") + 1] == "hosts.txt" and line[-2:] == ["python", "t.py"]
+    monkeypatch.setenv("SLURM_NTASKS", "3")
+    assert launcher.main(["--dry-run", "python", "t.py"]) == 0
+    assert " -n 3 " in capsys.readouterr().out
+    monkeypatch.delenv("SLURM_NTASKS")
+    with pytest.raises(SystemExit):
+        launcher.main(["--dry-run", "python", "t.py"])
+    assert "the number of ranks is required" in capsys.readouterr().err
+
+
+def test_srun_launcher(tmp_path, monkeypatch, capsys):
+    fake = tmp_path / "srun"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert launcher.main(["-n", "4", "--launcher", "srun", "--dry-run", "--", "python",
+                          "t.py"]) == 0
+    assert capsys.readouterr().out.split() == [str(fake), "-n", "4", "--mpi=pmix", "python",
+                                               "t.py"]
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert launcher.main(["-n", "4", "--launcher", "srun", "--", "python", "t.py"]) == 127
+    assert "no srun on PATH" in capsys.readouterr().err
