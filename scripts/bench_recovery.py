@@ -138,7 +138,7 @@ def restart_comparison(args: argparse.Namespace, common: List[str], base_wall: f
 
 
 def durable_write_costs() -> Dict[int, tuple]:
-    """(raw, durable) seconds to write one file of each size (median of 3)."""
+    """(raw, durable) seconds to write one file of each size (median of 5)."""
     import tempfile
 
     from rabit_py._store import write_file
@@ -148,16 +148,25 @@ def durable_write_costs() -> Dict[int, tuple]:
         for size in (1 << 20, 16 << 20, 64 << 20):
             blob = os.urandom(size)
             raw, durable = [], []
-            for i in range(3):
+
+            def write_raw(path: str, blob: bytes = blob) -> float:
                 t0 = time.perf_counter()
-                with open(os.path.join(folder, f"raw{i}"), "wb") as f:
+                with open(path, "wb") as f:
                     f.write(blob)
                     f.flush()
                     os.fsync(f.fileno())
-                raw.append(time.perf_counter() - t0)
+                return time.perf_counter() - t0
+
+            def write_durable(path: str, blob: bytes = blob) -> float:
                 t0 = time.perf_counter()
-                write_file(os.path.join(folder, f"durable{i}"), blob, 4, 1)
-                durable.append(time.perf_counter() - t0)
+                write_file(path, blob, 4, 1)
+                return time.perf_counter() - t0
+
+            write_raw(os.path.join(folder, "warm"))     # the first write is cheaper
+            for i in range(5):          # alternate which goes first: writeback interferes
+                pair = [(raw, write_raw, "raw"), (durable, write_durable, "durable")]
+                for times, fn, name in (pair if i % 2 == 0 else pair[::-1]):
+                    times.append(fn(os.path.join(folder, f"{name}{i}")))
             out[size] = (statistics.median(raw), statistics.median(durable))
     return out
 
