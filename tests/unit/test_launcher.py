@@ -205,3 +205,33 @@ def test_srun_launcher(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert launcher.main(["-n", "4", "--launcher", "srun", "--", "python", "t.py"]) == 127
     assert "no srun on PATH" in capsys.readouterr().err
+
+
+def test_a_rank_that_started_but_never_finished_fails_the_job(tmp_path, capsys):
+    # With --with-ft ulfm, mpirun can exit 0 after every rank was SIGKILLed:
+    # the engines' marks tell rabit-run the truth.
+    fake = tmp_path / "mpirun"
+    fake.write_text("#!/bin/sh\n"
+                    'touch "$RABIT_RUN_STATUS_DIR/rank-0.started" '
+                    '"$RABIT_RUN_STATUS_DIR/rank-1.started" "$RABIT_RUN_STATUS_DIR/rank-0.ok"\n'
+                    "exit 0\n")
+    fake.chmod(0o755)
+    assert launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "prog"]) == 1
+    assert "rank(s) 1 ended without finalize" in capsys.readouterr().err
+
+
+def test_restart_count_is_given_to_each_attempt(tmp_path, capsys):
+    fake = tmp_path / "mpirun"
+    log = tmp_path / "attempts"
+    fake.write_text("#!/bin/sh\n"
+                    f'echo "$RABIT_RESTART_COUNT $RABIT_CHECKPOINT_DIR" >> {log}\n'
+                    "exit 3\n")
+    fake.chmod(0o755)
+    code = launcher.main(["-n", "1", "--no-ft", "--mpirun", str(fake), "--max-restarts", "2",
+                          "--restart-delay", "0", "--checkpoint-dir", str(tmp_path / "ck"),
+                          "--", "prog"])
+    assert code == 3
+    assert log.read_text().split("\n")[:3] == [f"{i} {tmp_path / 'ck'}" for i in range(3)]
+    err = capsys.readouterr().err
+    assert "restart 2 of 2" in err and "2 restart(s) are used up; giving up" in err
+    assert "rabit-run: 3 attempts" in err
