@@ -1,0 +1,214 @@
+"""GradientBucketer: bucketed gradient allreduce that overlaps the backward pass.
+
+# Note [buckets]
+As in PyTorch DDP: parameters are given in forward order; gradients appear in
+roughly reverse order during the backward pass. Parameters are packed into
+flat buckets in reverse order (the first bucket small, ``first_bucket_mb``, so
+communication starts early; the others up to ``bucket_cap_mb``; a parameter
+larger than the cap gets a bucket of its own; a dtype change starts a new
+bucket). ``mark_ready`` copies a gradient into its bucket; when every gradient
+of a bucket is in, the bucket is handed to one communication thread, which
+runs ``rabit.allreduce`` on it while the caller keeps computing. Buckets are
+reduced strictly in bucket order, whatever order gradients arrive in, so every
+rank makes the same collective calls in the same order (which the engine's
+signature check and recovery rely on). ``wait`` zero-fills gradients that were
+never marked (parameters unused in this step), starts what is left, waits,
+and returns the reduced gradients as views into the buckets (no copy back).
+
+Only the communication thread makes collective calls between ``mark_ready``
+and ``wait``: the caller must not call rabit collectives in that window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+from . import api
+from .ops import Op
+
+__all__ = ["GradientBucketer", "plan_buckets"]
+
+
+def plan_buckets(sizes: Sequence[int], dtypes: Sequence[Any], bucket_cap_mb: float = 25.0,
+                 first_bucket_mb: float = 1.0) -> List[List[int]]:
+    """Parameter indices per bucket, in reduction order (Note [buckets]).
+
+    Args:
+        sizes: bytes of each parameter, in forward order.
+        dtypes: dtype of each parameter.
+        bucket_cap_mb, first_bucket_mb: bucket sizes in MiB.
+
+    Raises:
+        ValueError: a cap is not positive, or the lists differ in length.
+    """
+    if bucket_cap_mb <= 0 or first_bucket_mb <= 0:
+        raise ValueError("bucket_cap_mb and first_bucket_mb must be > 0")
+    if len(sizes) != len(dtypes):
+        raise ValueError(f"{len(sizes)} sizes for {len(dtypes)} dtypes")
+    buckets: List[List[int]] = []
+    current: List[int] = []
+    filled = 0
+    cap = first_bucket_mb * 2 ** 20
+    for index in reversed(range(len(sizes))):
+        if current and (filled + sizes[index] > cap
+                        or np.dtype(dtypes[index]) != np.dtype(dtypes[current[0]])):
+            buckets.append(current)
+            current, filled, cap = [], 0, bucket_cap_mb * 2 ** 20
+        current.append(index)
+        filled += sizes[index]
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class GradientBucketer:
+    """Reduce the gradients of ``params`` across ranks in buckets, overlapped
+    with the caller's backward pass (Note [buckets]).
+
+    Args:
+        params: the parameters (NumPy arrays), in forward order; only their
+            shapes and dtypes are used.
+        bucket_cap_mb: the largest bucket, MiB (default 25).
+        first_bucket_mb: the first bucket reduced, MiB (default 1).
+        average: divide the sums by the world size (``wait`` does it).
+
+    Raises:
+        TypeError: a parameter is not a NumPy array (CuPy arrays: the GPU path
+            is not built yet).
+        ValueError: bad bucket sizes.
+    """
+
+    def __init__(self, params: Sequence[np.ndarray], bucket_cap_mb: float = 25.0,
+                 first_bucket_mb: float = 1.0, average: bool = True) -> None:
+        for i, p in enumerate(params):
+            if not isinstance(p, np.ndarray):
+                raise TypeError(f"params[{i}] is a {type(p).__name__}; GradientBucketer takes "
+                                f"NumPy arrays (the CuPy/NCCL path is not available yet)")
+        self._shapes = [p.shape for p in params]
+        self._dtypes = [p.dtype for p in params]
+        self.buckets = plan_buckets([p.nbytes for p in params], self._dtypes, bucket_cap_mb,
+                                    first_bucket_mb)
+        self.average = average
+        self._bucket_of = {}
+        self._offset = {}
+        self._flat: List[np.ndarray] = []
+        for b, members in enumerate(self.buckets):
+            offset = 0
+            for index in members:
+                self._bucket_of[index] = b
+                self._offset[index] = offset
+                offset += int(np.prod(self._shapes[index], dtype=np.int64))
+            self._flat.append(np.zeros(offset, dtype=self._dtypes[members[0]]))
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rabit-bucket")
+        self._accumulating = False
+        self._stale = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self._ready = [set() for _ in self.buckets]
+        self._futures: List[Optional[Future]] = [None] * len(self.buckets)
+        self._next = 0                        # the next bucket to start, in order
+
+    def view(self, index: int) -> np.ndarray:
+        """Parameter ``index``'s gradient slot in its bucket (shape of the parameter)."""
+        b = self._bucket_of[index]
+        start = self._offset[index]
+        size = int(np.prod(self._shapes[index], dtype=np.int64))
+        return self._flat[b][start:start + size].reshape(self._shapes[index])
+
+    def mark_ready(self, index: int, grad: np.ndarray) -> None:
+        """Gradient of parameter ``index`` is computed: add it to its bucket, and
+        start the bucket's allreduce when it is complete (and every earlier
+        bucket has started). Under :meth:`no_sync` it is only accumulated.
+
+        Raises:
+            IndexError: no such parameter. ValueError: wrong shape, or marked
+                twice in one step.
+        """
+        if not 0 <= index < len(self._shapes):
+            raise IndexError(f"parameter {index} does not exist ({len(self._shapes)} given)")
+        grad = np.asarray(grad)
+        if grad.shape != self._shapes[index]:
+            raise ValueError(f"gradient of parameter {index} has shape {grad.shape}, the "
+                             f"parameter {self._shapes[index]}")
+        b = self._bucket_of[index]
+        with self._lock:
+            self._zero_if_new_step()
+            if index in self._ready[b]:
+                raise ValueError(f"parameter {index} was marked ready twice in one step")
+            view = self.view(index)
+            view += grad                      # buckets start at zero, or hold no_sync sums
+            self._ready[b].add(index)
+            if not self._accumulating:
+                self._start_complete_buckets()
+
+    def _start_complete_buckets(self) -> None:
+        while (self._next < len(self.buckets)
+               and len(self._ready[self._next]) == len(self.buckets[self._next])):
+            flat = self._flat[self._next]
+            self._futures[self._next] = self._executor.submit(api.allreduce, flat, Op.SUM)
+            self._next += 1
+
+    def wait(self) -> List[np.ndarray]:
+        """Finish the step: unmarked gradients count as zero, remaining buckets
+        are reduced, sums are averaged if asked. Returns the gradients in
+        parameter order, as views into the buckets (valid until the next
+        ``mark_ready``). Under :meth:`no_sync`: the local sums, unreduced.
+
+        Raises:
+            whatever the allreduce raised (RabitError and subclasses).
+        """
+        with self._lock:
+            self._zero_if_new_step()
+            for b, members in enumerate(self.buckets):
+                self._ready[b].update(members)   # untouched slots are zero (or sums)
+            if not self._accumulating:
+                self._start_complete_buckets()
+        if self._accumulating:
+            self._ready = [set() for _ in self.buckets]
+            return [self.view(i) for i in range(len(self._shapes))]
+        errors = []
+        for future in self._futures:
+            try:
+                future.result()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, first one wins
+                errors.append(exc)
+        if errors:
+            self._reset()
+            raise errors[0]
+        size = api.get_world_size()
+        if self.average and size > 1:
+            for flat in self._flat:
+                if flat.dtype.kind in "fc":
+                    flat /= size
+                else:
+                    flat //= size
+        self._reset()
+        self._stale = True              # zeroed when the next step starts
+        return [self.view(i) for i in range(len(self._shapes))]
+
+    def _zero_if_new_step(self) -> None:
+        if self._stale:
+            for flat in self._flat:
+                flat[...] = 0
+            self._stale = False
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally (no communication) inside the block;
+        the first step after it reduces the accumulated sums."""
+        self._accumulating = True
+        try:
+            yield
+        finally:
+            self._accumulating = False
+
+    def close(self) -> None:
+        """Stop the communication thread."""
+        self._executor.shutdown(wait=True)

@@ -1,0 +1,119 @@
+"""GradientBucketer on every rank: the same sums as one allreduce of all
+gradients (bitwise, on integer-valued inputs), any arrival order, unused
+parameters, no_sync accumulation, errors."""
+
+import numpy as np
+import pytest
+
+import rabit_py as rabit
+from rabit_py.bucket import GradientBucketer
+
+from .conftest import WORLD, same_on_all_ranks
+
+SIZE = WORLD.Get_size()
+RANK = WORLD.Get_rank()
+
+# Forward order; sizes chosen so that the tiny caps below make several buckets.
+SHAPES = [(3, 4), (5,), (64, 32), (7, 3), (1000,), (2, 2)]
+
+
+def params(dtype=np.float64):
+    return [np.zeros(s, dtype=dtype) for s in SHAPES]
+
+
+def grads(rank, step, dtype=np.float64):
+    rng = np.random.default_rng([rank, step])
+    return [rng.integers(-50, 50, size=s).astype(dtype) for s in SHAPES]
+
+
+def reference(step, dtype=np.float64):
+    """Every rank's gradients, summed in one allreduce (flattened together)."""
+    mine = grads(RANK, step, dtype)
+    flat = np.concatenate([g.ravel() for g in mine])
+    rabit.allreduce(flat, rabit.Op.SUM)
+    out, start = [], 0
+    for s in SHAPES:
+        n = int(np.prod(s))
+        out.append(flat[start:start + n].reshape(s))
+        start += n
+    return out
+
+
+@pytest.mark.parametrize("order", ["backward", "shuffled"])
+def test_bucketed_sums_equal_one_allreduce(session, order):
+    bucketer = GradientBucketer(params(), bucket_cap_mb=0.01, first_bucket_mb=0.001,
+                                average=False)
+    assert len(bucketer.buckets) >= 3
+    try:
+        for step in range(3):
+            expected = reference(step)
+            indices = list(reversed(range(len(SHAPES))))
+            if order == "shuffled":        # a different arrival order on every rank
+                np.random.default_rng([RANK, step]).shuffle(indices)
+            mine = grads(RANK, step)
+            for i in indices:
+                bucketer.mark_ready(i, mine[i])
+            got = bucketer.wait()
+            for g, e in zip(got, expected):
+                assert g.shape == e.shape
+                assert g.tobytes() == e.tobytes()
+            assert same_on_all_ranks(np.concatenate([g.ravel() for g in got]))
+    finally:
+        bucketer.close()
+
+
+def test_average_and_unused_parameters(session):
+    bucketer = GradientBucketer(params(), bucket_cap_mb=0.01, first_bucket_mb=0.001)
+    try:
+        mine = grads(RANK, 7)
+        for i in (5, 4, 2, 0):             # parameters 1 and 3 get no gradient
+            bucketer.mark_ready(i, mine[i])
+        got = bucketer.wait()
+        expected = reference(7)
+        for i in (1, 3):
+            assert not got[i].any()
+        for i in (0, 2, 4, 5):
+            np.testing.assert_array_equal(got[i], expected[i] / SIZE)
+        # The next step starts from zero again.
+        for i in range(len(SHAPES)):
+            bucketer.mark_ready(i, mine[i])
+        np.testing.assert_array_equal(bucketer.wait()[1], reference(7)[1] / SIZE)
+    finally:
+        bucketer.close()
+
+
+def test_no_sync_accumulates_then_reduces_the_sum(session):
+    bucketer = GradientBucketer(params(np.int64), bucket_cap_mb=0.01, first_bucket_mb=0.001,
+                                average=False)
+    try:
+        with bucketer.no_sync():
+            for i, g in enumerate(grads(RANK, 1, np.int64)):
+                bucketer.mark_ready(i, g)
+            local = bucketer.wait()
+            np.testing.assert_array_equal(local[2], grads(RANK, 1, np.int64)[2])
+        for i, g in enumerate(grads(RANK, 2, np.int64)):
+            bucketer.mark_ready(i, g)
+        got = bucketer.wait()
+        both = [a + b for a, b in zip(reference(1, np.int64), reference(2, np.int64))]
+        for g, e in zip(got, both):
+            np.testing.assert_array_equal(g, e)
+    finally:
+        bucketer.close()
+
+
+def test_bad_calls(session):
+    bucketer = GradientBucketer(params(), bucket_cap_mb=0.01, first_bucket_mb=0.001)
+    try:
+        with pytest.raises(ValueError, match="has shape"):
+            bucketer.mark_ready(0, np.zeros(3))
+        with pytest.raises(IndexError, match="does not exist"):
+            bucketer.mark_ready(9, np.zeros(3))
+        with bucketer.no_sync():
+            bucketer.mark_ready(1, np.ones(5))
+            with pytest.raises(ValueError, match="marked ready twice"):
+                bucketer.mark_ready(1, np.ones(5))
+            bucketer.wait()
+    finally:
+        bucketer.close()
+    with pytest.raises(TypeError, match="NumPy arrays"):
+        GradientBucketer([[1.0, 2.0]])
