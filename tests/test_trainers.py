@@ -60,6 +60,23 @@ def test_linear_and_kmeans_agree_across_world_sizes(runs):
         np.testing.assert_allclose(other["centers"], km[0]["centers"], rtol=1e-9)
 
 
+def test_mlp_matches_the_single_process_run(runs):
+    # The 1-rank run is the single process; 2 and 4 ranks see the same global
+    # batches, so only the summation order of the gradients differs.
+    ref = read(runs[1] / "mlp.json")
+    for size in (2, 4):
+        other = read(runs[size] / "mlp.json")
+        for a, b in zip(other["params"], ref["params"]):
+            np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-10)
+    assert ref["loss"] < 0.66                # it learned something (chance: 0.693)
+    from trainers.mlp import MLPClassifier
+
+    model = MLPClassifier([16, 8], 2)
+    model.params_ = [np.array(p) for p in ref["params"]]
+    X, y = programs.linear_data()
+    assert np.mean(model.predict(X) == y) > 0.6
+
+
 def test_gbdt_metrics_match_predict_on_raw_values(runs):
     # Training routes binned values; predict() routes raw values with the cut
     # thresholds: the validation metric logged in training must come out again.
@@ -158,6 +175,8 @@ RECOVERY = {
     "gbdt_during_start_up": ("gbdt_binary", "2,0,3,0", {2}),
     "linear": ("linear", "3,8,1,0", {3}),
     "kmeans": ("kmeans", "1,2,0,0", {1}),
+    # mid-step: the bucketer's allreduce on its thread is the call that is cut
+    "mlp": ("mlp", "2,3,4,0", {2}),
 }
 
 

@@ -14,11 +14,11 @@ import sys
 import numpy as np
 
 import rabit_py as rabit
-from trainers import gbdt, kmeans, linear
+from trainers import gbdt, kmeans, linear, mlp
 from trainers.data import make_blobs, make_higgs_like, shard_range
 
 NAMES = ("gbdt_binary", "gbdt_regression", "gbdt_multiclass", "gbdt_early_stop", "linear",
-         "kmeans")
+         "kmeans", "mlp")
 
 
 def binary_data(n=6000, seed=11):
@@ -100,6 +100,12 @@ def main():
             model = linear.LogisticRegression(C=0.5, max_iter=200).fit(shard(X), shard(y))
             result = {"coef": model.coef_.tolist(), "intercept": model.intercept_.tolist(),
                       "objective": model.objective_, "n_iter": model.n_iter_}
+        elif name == "mlp":
+            X, y = linear_data()
+            model = mlp.MLPClassifier([16, 8], 2, steps=30, batch_size=256, learning_rate=0.01,
+                                      checkpoint_every=5, bucket_cap_mb=0.001, seed=2)
+            model.fit(shard(X), shard(y))
+            result = {"params": [p.tolist() for p in model.params_], "loss": model.loss_}
         else:
             model = kmeans.KMeans(6, seed=5).fit(shard(blobs()))
             result = {"centers": model.cluster_centers_.tolist(),

@@ -1,0 +1,208 @@
+"""Data-parallel training of a multi-layer perceptron (NumPy), with the
+gradients reduced by :class:`rabit_py.bucket.GradientBucketer` while the
+backward pass is still running.
+
+Every step takes a global batch of ``batch_size`` rows, drawn from a seeded
+permutation of the global row order; each rank computes the gradient of the
+rows of the batch that it holds, the layers' gradients are handed to the
+bucketer as soon as the backward pass produces them (last layer first), and
+every rank applies the same Adam (or SGD) update to the summed gradient. So
+the model is the one a single process would train on the same global
+batches, for any number of ranks (up to floating-point summation order). The
+parameters and optimizer state are the global checkpoint every
+``checkpoint_every`` steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+import rabit_py as rabit
+from rabit_py.bucket import GradientBucketer
+
+from ._common import ensure_init, global_offset, progress, resume_state, state_key
+from .data import check_features, check_labels, load_shard
+
+__all__ = ["MLPClassifier", "main"]
+
+
+class MLPClassifier:
+    """Softmax classifier with ReLU hidden layers.
+
+    Args:
+        hidden: sizes of the hidden layers.
+        n_classes: number of classes (labels 0..n_classes-1).
+        steps: optimizer steps.
+        batch_size: rows per global batch (split over the ranks by where the
+            rows live).
+        learning_rate: step size.
+        optimizer: ``"adam"`` or ``"sgd"``.
+        checkpoint_every: steps between checkpoints.
+        bucket_cap_mb: the bucketer's bucket size.
+        seed: initial weights and batch order.
+        verbose: progress bar on rank 0.
+
+    After :meth:`fit`: ``params_`` (list of arrays: W0, b0, W1, b1, ...),
+    ``loss_`` (the last batch's mean loss).
+    """
+
+    def __init__(self, hidden: Sequence[int] = (64,), n_classes: int = 2, steps: int = 200,
+                 batch_size: int = 256, learning_rate: float = 1e-3, optimizer: str = "adam",
+                 checkpoint_every: int = 10, bucket_cap_mb: float = 25.0, seed: int = 0,
+                 verbose: bool = False) -> None:
+        if optimizer not in ("adam", "sgd"):
+            raise ValueError(f"optimizer={optimizer!r}: use 'adam' or 'sgd'")
+        if n_classes < 2 or steps < 0 or batch_size < 1 or checkpoint_every < 1:
+            raise ValueError("need n_classes >= 2, steps >= 0, batch_size >= 1, "
+                             "checkpoint_every >= 1")
+        self.hidden, self.n_classes, self.steps = list(hidden), int(n_classes), int(steps)
+        self.batch_size, self.learning_rate = int(batch_size), float(learning_rate)
+        self.optimizer, self.checkpoint_every = optimizer, int(checkpoint_every)
+        self.bucket_cap_mb, self.seed, self.verbose = bucket_cap_mb, int(seed), verbose
+        self.params_: Optional[List[np.ndarray]] = None
+        self.loss_: Optional[float] = None
+
+    def _init_params(self, n_features: int) -> List[np.ndarray]:
+        rng = np.random.default_rng(self.seed)
+        sizes = [n_features] + self.hidden + [self.n_classes]
+        params = []
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+            params.append(rng.normal(scale=np.sqrt(2.0 / fan_in), size=(fan_in, fan_out)))
+            params.append(np.zeros(fan_out))
+        return params
+
+    def fit(self, X: np.ndarray, y: np.ndarray) -> "MLPClassifier":
+        """Train on the rows of all ranks (``X``, ``y``: this rank's shard).
+
+        Raises:
+            DataError: on every rank, when any rank's data is bad.
+        """
+        ensure_init()
+        X = check_features(X, allow_nan=False)
+        y = check_labels(y, X.shape[0], "multiclass", self.n_classes).astype(np.int64)
+        offset, n_total = global_offset(X.shape[0])
+        key = [X.shape[1], n_total, self.hidden, self.n_classes, self.steps, self.batch_size,
+               self.learning_rate, self.optimizer, self.seed]
+        state = resume_state("mlp", key)
+        if state is None:
+            params = self._init_params(X.shape[1])
+            state = {"trainer": "mlp", "key": state_key(key), "step": 0, "params": params,
+                     "m": [np.zeros_like(p) for p in params],
+                     "v": [np.zeros_like(p) for p in params], "loss": float("nan")}
+        params = [p.copy() for p in state["params"]]
+        m = [a.copy() for a in state["m"]]
+        v = [a.copy() for a in state["v"]]
+        loss = state["loss"]
+        bucketer = GradientBucketer(params, bucket_cap_mb=self.bucket_cap_mb, average=False)
+        order = np.random.default_rng([self.seed, 1]).permutation(n_total)
+        per_epoch = max(1, n_total // self.batch_size)
+        try:
+            bar = progress(range(state["step"], self.steps), self.steps - state["step"], "mlp",
+                           self.verbose)
+            for step in bar:
+                start = (step % per_epoch) * self.batch_size
+                batch = order[start:start + self.batch_size]
+                mine = batch[(batch >= offset) & (batch < offset + X.shape[0])] - offset
+                local_loss = self._backward(params, X[mine], y[mine], bucketer)
+                grads = bucketer.wait()
+                loss_sum = rabit.allreduce(np.array([local_loss]), rabit.Op.SUM)[0]
+                loss = float(loss_sum / batch.size)
+                self._update(params, [g / batch.size for g in grads], m, v, step + 1)
+                if hasattr(bar, "set_postfix"):
+                    bar.set_postfix(loss=f"{loss:.4f}")
+                if (step + 1) % self.checkpoint_every == 0 or step + 1 == self.steps:
+                    rabit.checkpoint({**state, "step": step + 1, "params": params, "m": m,
+                                      "v": v, "loss": loss})
+        finally:
+            bucketer.close()
+        self.params_, self.loss_ = params, loss
+        return self
+
+    def _backward(self, params: List[np.ndarray], X: np.ndarray, y: np.ndarray,
+                  bucketer: GradientBucketer) -> float:
+        """Forward and backward over this rank's rows of the batch; each layer's
+        gradients (sums over the rows) go to the bucketer as soon as they
+        exist. Returns the summed loss."""
+        activations = [X]
+        n_layers = len(params) // 2
+        for layer in range(n_layers):
+            z = activations[-1] @ params[2 * layer] + params[2 * layer + 1]
+            activations.append(np.maximum(z, 0.0) if layer < n_layers - 1 else z)
+        logits = activations[-1]
+        shifted = logits - logits.max(axis=1, keepdims=True) if logits.size else logits
+        log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        loss = float(-log_p[np.arange(y.size), y].sum())
+        delta = np.exp(log_p)
+        delta[np.arange(y.size), y] -= 1.0
+        for layer in reversed(range(n_layers)):
+            bucketer.mark_ready(2 * layer, activations[layer].T @ delta)
+            bucketer.mark_ready(2 * layer + 1, delta.sum(axis=0))
+            if layer:
+                delta = (delta @ params[2 * layer].T) * (activations[layer] > 0)
+        return loss
+
+    def _update(self, params: List[np.ndarray], grads: List[np.ndarray], m: List[np.ndarray],
+                v: List[np.ndarray], t: int) -> None:
+        lr = self.learning_rate
+        for p, g, mi, vi in zip(params, grads, m, v):
+            if self.optimizer == "sgd":
+                p -= lr * g
+                continue
+            mi *= 0.9
+            mi += 0.1 * g
+            vi *= 0.999
+            vi += 0.001 * g * g
+            p -= lr * (mi / (1 - 0.9 ** t)) / (np.sqrt(vi / (1 - 0.999 ** t)) + 1e-8)
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        """Class probabilities (no MPI needed)."""
+        if self.params_ is None:
+            raise ValueError("this MLPClassifier is not fitted yet; call fit() first")
+        a = np.asarray(X, dtype=np.float64)
+        n_layers = len(self.params_) // 2
+        for layer in range(n_layers):
+            a = a @ self.params_[2 * layer] + self.params_[2 * layer + 1]
+            if layer < n_layers - 1:
+                a = np.maximum(a, 0.0)
+        e = np.exp(a - a.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Most probable class of each row."""
+        return self.predict_proba(X).argmax(axis=1)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m trainers.mlp --train data.npy --classes 2 --out model.json``"""
+    parser = argparse.ArgumentParser(prog="rabit-mlp", description=__doc__.splitlines()[0])
+    parser.add_argument("--train", required=True, help="training data (see trainers.data)")
+    parser.add_argument("--label-column", type=int, default=0)
+    parser.add_argument("--classes", type=int, default=2)
+    parser.add_argument("--hidden", default="64", help="hidden sizes, e.g. 128,64")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--out", help="write the parameters as JSON here (rank 0)")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    with rabit.session():
+        X, y = load_shard(args.train, args.label_column)
+        model = MLPClassifier([int(h) for h in args.hidden.split(",") if h], args.classes,
+                              args.steps, args.batch_size, args.lr,
+                              verbose=not args.quiet).fit(X, y)
+        if rabit.get_rank() == 0:
+            print(f"loss {model.loss_:.6f} after {args.steps} steps", flush=True)
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump({"params": [p.tolist() for p in model.params_],
+                               "loss": model.loss_}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
