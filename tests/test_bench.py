@@ -52,3 +52,15 @@ def test_make_data_writes_shards_that_join_up(tmp_path):
     parts = [np.load(tmp_path / f"p-{i}.npy") for i in range(3)]
     X, y = make_higgs_like(1000, seed=4)
     np.testing.assert_array_equal(np.vstack(parts), np.column_stack([y, X]))
+
+
+def test_bench_overlap_times_every_mode(tmp_path):
+    out_json = tmp_path / "overlap.json"
+    code, out = run(rabit_run(2, sys.executable, "scripts/bench_overlap.py", "--layers", "3",
+                              "--width", "64", "--batch", "16", "--steps", "2", "--bucket-mb",
+                              "0.01", "--json", str(out_json)), timeout=120)
+    assert code == 0, out
+    result = json.loads(out_json.read_text())
+    assert set(result["median"]) == {"no communication", "reduce after backward",
+                                     "bucketed overlap"}
+    assert all(len(t) == 2 and min(t) > 0 for t in result["seconds"].values())
