@@ -93,8 +93,7 @@ def read_file(path: str, version: int) -> Tuple[Optional[bytes], int]:
             raw = f.read()
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
-    if raw[:len(MAGIC)] != MAGIC[:len(raw)] or (len(raw) >= len(MAGIC) and
-                                                 raw[:len(MAGIC)] != MAGIC):
+    if raw[:len(MAGIC)] != MAGIC[:len(raw)]:
         raise CheckpointError(f"{path}: not a rabit_py checkpoint file (bad magic)")
     if len(raw) < _HEADER.size:
         raise CheckpointError(f"{path}: truncated ({len(raw)} bytes, shorter than its header)")

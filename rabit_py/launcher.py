@@ -180,12 +180,15 @@ def build_command(argv: Sequence[str], is_root: Optional[bool] = None,
     return cmd + passthrough + program
 
 
+def _marks(status_dir: str, kind: str) -> set:
+    """Ranks (as ``rank-R``) that left a ``rank-R.<kind>`` mark (the engines
+    write ``started`` at init, ``ok`` / ``failed`` at exit)."""
+    return {n.rsplit(".", 1)[0] for n in os.listdir(status_dir) if n.endswith("." + kind)}
+
+
 def _clean_exits(status_dir: str) -> int:
-    """Ranks whose every engine finalized cleanly before the process exited
-    (the engines leave ``rank-R.ok`` / ``rank-R.failed`` marks at exit)."""
-    names = os.listdir(status_dir)
-    failed = {n.rsplit(".", 1)[0] for n in names if n.endswith(".failed")}
-    return len({n.rsplit(".", 1)[0] for n in names if n.endswith(".ok")} - failed)
+    """Ranks whose every engine finalized cleanly before the process exited."""
+    return len(_marks(status_dir, "ok") - _marks(status_dir, "failed"))
 
 
 def _descendants(pid: int) -> List[int]:
@@ -314,10 +317,8 @@ def _supervise(proc: "subprocess.Popen[bytes]", ranks: int,
 
 def _unfinished(status_dir: str) -> List[int]:
     """Ranks whose engine started but that left no clean-exit mark."""
-    names = os.listdir(status_dir)
-    started = {n.rsplit(".", 1)[0] for n in names if n.endswith(".started")}
-    done = {n.rsplit(".", 1)[0] for n in names if n.endswith(".ok")}
-    return sorted(int(n.split("-", 1)[1]) for n in started - done)
+    missing = _marks(status_dir, "started") - _marks(status_dir, "ok")
+    return sorted(int(n.split("-", 1)[1]) for n in missing)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -145,7 +145,7 @@ class KMeans:
         centers = [self._row(X, offset, int(rng.integers(n_total)))]
         closest = _sq_distances(X, centers[0][None])[:, 0]
         for _ in range(1, k):
-            centers.append(self._row(X, offset, self._draw(closest, offset, rng)))
+            centers.append(self._row(X, offset, self._draw(closest, offset, n_total, rng)))
             closest = np.minimum(closest, _sq_distances(X, centers[-1][None])[:, 0])
         return np.stack(centers)
 
@@ -158,12 +158,11 @@ class KMeans:
         return rabit.broadcast(row, int(owner))
 
     @staticmethod
-    def _draw(weights: np.ndarray, offset: int, rng: np.random.Generator) -> int:
+    def _draw(weights: np.ndarray, offset: int, n: int, rng: np.random.Generator) -> int:
         """A global row drawn with probability proportional to ``weights``,
         by exact integer prefix sums in global row order."""
         top = rabit.allreduce(np.array([weights.max() if weights.size else 0.0]),
                               rabit.Op.MAX)[0]
-        n = rabit.allreduce(np.array([weights.size], dtype=np.int64), rabit.Op.SUM)[0]
         if top <= 0:                        # every row sits on a center: any row will do
             return int(rng.integers(n))
         scale = 2.0 ** (62 - int(np.ceil(np.log2(n + 1))) - 1) / top

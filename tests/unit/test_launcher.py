@@ -129,10 +129,8 @@ def test_mpirun_that_does_not_reap_its_ranks_is_stopped(tmp_path):
     fake = tmp_path / "mpirun"
     fake.write_text("#!/bin/sh\n(sleep 0.5) &\n(sleep 0.5) &\nexec sleep 300\n")
     fake.chmod(0o755)
-    start = time.monotonic()
-    code = launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "prog"])
-    assert code == 1
-    assert time.monotonic() - start < 30
+    # Without the fix rabit-run waits on the zombies until the test's timeout.
+    assert launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "prog"]) == 1
 
 
 def test_job_that_finalized_but_does_not_exit_is_stopped(tmp_path):
@@ -169,13 +167,11 @@ def test_an_abort_that_blocks_still_ends_the_rank(tmp_path):
         "        time.sleep(60)\n"
         "abort_job(StuckComm(), rank=3, code=7, fallback_s=0.5)\n"
         "print('returned from abort_job')\n")
-    start = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
                           text=True, timeout=30,
                           env={**os.environ, "RABIT_RUN_STATUS_DIR": str(tmp_path)})
     assert proc.returncode == 7, proc.stderr
     assert "returned" not in proc.stdout
-    assert time.monotonic() - start < 20
     assert sorted(os.listdir(tmp_path)) == ["rank-3.failed"]
 
 
