@@ -17,6 +17,12 @@ and returns the reduced gradients as views into the buckets (no copy back).
 
 Only the communication thread makes collective calls between ``mark_ready``
 and ``wait``: the caller must not call rabit collectives in that window.
+Several bucketers may share one communication thread (``executor``): their
+buckets are then reduced in the order they were started, across bucketers,
+which is how :class:`rabit_py.kvstore.KVStore` keeps every rank's calls in
+one order. ``on_reduced`` runs on that thread after each bucket's allreduce
+(the store applies its optimizer there, overlapped with later buckets), and
+``wait_for`` waits for one parameter's bucket only.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -76,6 +82,10 @@ class GradientBucketer:
         bucket_cap_mb: the largest bucket, MiB (default 25).
         first_bucket_mb: the first bucket reduced, MiB (default 1).
         average: divide the sums by the world size (``wait`` does it).
+        executor: a single-thread executor to run the allreduces on, shared
+            with other bucketers (default: a thread of its own).
+        on_reduced: called on the communication thread with a bucket's index
+            once its allreduce is done (before the bucket counts as done).
 
     Raises:
         TypeError: a parameter is not a NumPy array (CuPy arrays: the GPU path
@@ -84,7 +94,9 @@ class GradientBucketer:
     """
 
     def __init__(self, params: Sequence[np.ndarray], bucket_cap_mb: float = 25.0,
-                 first_bucket_mb: float = 1.0, average: bool = True) -> None:
+                 first_bucket_mb: float = 1.0, average: bool = True,
+                 executor: Optional[ThreadPoolExecutor] = None,
+                 on_reduced: Optional[Callable[[int], None]] = None) -> None:
         for i, p in enumerate(params):
             if not isinstance(p, np.ndarray):
                 raise TypeError(f"params[{i}] is a {type(p).__name__}; GradientBucketer takes "
@@ -105,7 +117,10 @@ class GradientBucketer:
                 offset += int(np.prod(self._shapes[index], dtype=np.int64))
             self._flat.append(np.zeros(offset, dtype=self._dtypes[members[0]]))
         self._lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rabit-bucket")
+        self._own_executor = executor is None
+        self._executor = executor or ThreadPoolExecutor(max_workers=1,
+                                                        thread_name_prefix="rabit-bucket")
+        self._on_reduced = on_reduced
         self._accumulating = False
         self._stale = False
         self._reset()
@@ -151,9 +166,32 @@ class GradientBucketer:
     def _start_complete_buckets(self) -> None:
         while (self._next < len(self.buckets)
                and len(self._ready[self._next]) == len(self.buckets[self._next])):
-            flat = self._flat[self._next]
-            self._futures[self._next] = self._executor.submit(api.allreduce, flat, Op.SUM)
+            self._futures[self._next] = self._executor.submit(self._reduce, self._next)
             self._next += 1
+
+    def _reduce(self, bucket: int) -> None:
+        api.allreduce(self._flat[bucket], Op.SUM)
+        if self._on_reduced is not None:
+            self._on_reduced(bucket)
+
+    def bucket_of(self, index: int) -> int:
+        """The bucket (position in reduction order) that holds parameter ``index``."""
+        return self._bucket_of[index]
+
+    def wait_for(self, index: int) -> np.ndarray:
+        """Wait until the bucket of parameter ``index`` is reduced (and its
+        ``on_reduced`` ran); returns the parameter's summed gradient (a view,
+        not averaged). The step still ends with :meth:`wait`.
+
+        Raises:
+            RuntimeError: that bucket has not been started.
+            whatever its allreduce or ``on_reduced`` raised.
+        """
+        future = self._futures[self._bucket_of[index]]
+        if future is None:
+            raise RuntimeError(f"the bucket of parameter {index} has not been started")
+        future.result()
+        return self.view(index)
 
     def wait(self) -> List[np.ndarray]:
         """Finish the step: unmarked gradients count as zero, remaining buckets
@@ -210,5 +248,6 @@ class GradientBucketer:
             self._accumulating = False
 
     def close(self) -> None:
-        """Stop the communication thread."""
-        self._executor.shutdown(wait=True)
+        """Stop the communication thread (unless it was given: its owner stops it)."""
+        if self._own_executor:
+            self._executor.shutdown(wait=True)

@@ -18,6 +18,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "RecoveryError",
     "CheckpointError",
+    "KVStoreError",
     "PeerFailure",
 ]
 
@@ -67,6 +68,16 @@ class RecoveryError(RabitError):
 
 class CheckpointError(RabitError):
     """A checkpoint is missing, truncated, corrupt, or cannot be serialized."""
+
+
+class KVStoreError(RabitError, ValueError):
+    """A :class:`rabit_py.kvstore.KVStore` was used wrongly: a key pulled or
+    pushed before ``init``, initialized twice, a value of another shape or
+    dtype than the key's, or the store used after one of its reductions failed.
+
+    Every rank makes the same calls in a BSP job, so every rank raises it at
+    the same call; nothing was sent.
+    """
 
 
 class PeerFailure(Exception):
