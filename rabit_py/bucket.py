@@ -82,8 +82,10 @@ class GradientBucketer:
         bucket_cap_mb: the largest bucket, MiB (default 25).
         first_bucket_mb: the first bucket reduced, MiB (default 1).
         average: divide the sums by the world size (``wait`` does it).
-        executor: a single-thread executor to run the allreduces on, shared
-            with other bucketers (default: a thread of its own).
+        executor: what runs the allreduces, shared with other bucketers: an
+            object whose ``submit(fn, *args)`` returns a Future and runs tasks
+            one at a time in submission order, such as a one-thread
+            ``ThreadPoolExecutor`` (default: a thread of its own).
         on_reduced: called on the communication thread with a bucket's index
             once its allreduce is done (before the bucket counts as done).
 
@@ -95,7 +97,7 @@ class GradientBucketer:
 
     def __init__(self, params: Sequence[np.ndarray], bucket_cap_mb: float = 25.0,
                  first_bucket_mb: float = 1.0, average: bool = True,
-                 executor: Optional[ThreadPoolExecutor] = None,
+                 executor: Optional[Any] = None,
                  on_reduced: Optional[Callable[[int], None]] = None) -> None:
         for i, p in enumerate(params):
             if not isinstance(p, np.ndarray):
@@ -116,13 +118,14 @@ class GradientBucketer:
                 self._offset[index] = offset
                 offset += int(np.prod(self._shapes[index], dtype=np.int64))
             self._flat.append(np.zeros(offset, dtype=self._dtypes[members[0]]))
+        self._views = [self._slot(i) for i in range(len(self._shapes))]
         self._lock = threading.Lock()
         self._own_executor = executor is None
         self._executor = executor or ThreadPoolExecutor(max_workers=1,
                                                         thread_name_prefix="rabit-bucket")
         self._on_reduced = on_reduced
         self._accumulating = False
-        self._stale = False
+        self._written: set = set()         # slots holding this step's data
         self._reset()
 
     def _reset(self) -> None:
@@ -132,6 +135,9 @@ class GradientBucketer:
 
     def view(self, index: int) -> np.ndarray:
         """Parameter ``index``'s gradient slot in its bucket (shape of the parameter)."""
+        return self._views[index]
+
+    def _slot(self, index: int) -> np.ndarray:
         b = self._bucket_of[index]
         start = self._offset[index]
         size = int(np.prod(self._shapes[index], dtype=np.int64))
@@ -154,11 +160,14 @@ class GradientBucketer:
                              f"parameter {self._shapes[index]}")
         b = self._bucket_of[index]
         with self._lock:
-            self._zero_if_new_step()
             if index in self._ready[b]:
                 raise ValueError(f"parameter {index} was marked ready twice in one step")
             view = self.view(index)
-            view += grad                      # buckets start at zero, or hold no_sync sums
+            if index in self._written:        # a sum kept by no_sync
+                view += grad
+            else:                             # a copy: no zeroing pass over the buckets
+                np.copyto(view, grad)
+                self._written.add(index)
             self._ready[b].add(index)
             if not self._accumulating:
                 self._start_complete_buckets()
@@ -203,9 +212,12 @@ class GradientBucketer:
             whatever the allreduce raised (RabitError and subclasses).
         """
         with self._lock:
-            self._zero_if_new_step()
+            for index in range(len(self._shapes)):
+                if index not in self._written:     # an unused parameter: zero
+                    self.view(index)[...] = 0
+                    self._written.add(index)
             for b, members in enumerate(self.buckets):
-                self._ready[b].update(members)   # untouched slots are zero (or sums)
+                self._ready[b].update(members)
             if not self._accumulating:
                 self._start_complete_buckets()
         if self._accumulating:
@@ -219,6 +231,7 @@ class GradientBucketer:
                 errors.append(exc)
         if errors:
             self._reset()
+            self._written = set()
             raise errors[0]
         size = api.get_world_size()
         if self.average and size > 1:
@@ -228,14 +241,8 @@ class GradientBucketer:
                 else:
                     flat //= size
         self._reset()
-        self._stale = True              # zeroed when the next step starts
+        self._written = set()           # the next step's gradients overwrite these
         return [self.view(i) for i in range(len(self._shapes))]
-
-    def _zero_if_new_step(self) -> None:
-        if self._stale:
-            for flat in self._flat:
-                flat[...] = 0
-            self._stale = False
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

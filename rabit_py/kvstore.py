@@ -41,10 +41,11 @@ scope: rabit_py is BSP by design.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import pickle
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -68,6 +69,42 @@ class _Push(NamedTuple):
     value: np.ndarray
     priority: int
     seq: int
+
+
+class _Runner:
+    """The store's communication thread, which a caller about to wait for the
+    result anyway may bypass: when nothing is queued on the thread, a task
+    submitted under :meth:`inline` runs on the caller's thread at once (the
+    order of the collectives is unchanged, and two thread hand-offs per
+    bucket are saved: pushpull of small arrays)."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rabit-kvstore")
+        self._last: Optional[Future] = None
+        self._inline = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        if self._inline and (self._last is None or self._last.done()):
+            future: Future = Future()
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+                future.set_exception(exc)
+        else:
+            future = self._pool.submit(fn, *args)
+        self._last = future
+        return future
+
+    @contextlib.contextmanager
+    def inline(self) -> Iterator[None]:
+        self._inline = True
+        try:
+            yield
+        finally:
+            self._inline = False
+
+    def shutdown(self, wait: bool = True) -> None:
+        self._pool.shutdown(wait=wait)
 
 
 class _Plan:
@@ -126,7 +163,7 @@ class KVStore:
         self._plans: "collections.OrderedDict[tuple, _Plan]" = collections.OrderedDict()
         self._inflight: Dict[Key, Tuple[_Plan, int]] = {}
         self._updater: Optional[Callable[[Key, np.ndarray, np.ndarray], None]] = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rabit-kvstore")
+        self._executor = _Runner()
         self._error: Optional[BaseException] = None
         self._closed = False
         #: The keys of every bucket, in the order the buckets were launched
@@ -194,9 +231,14 @@ class KVStore:
                 is not the key's, or the store failed earlier.
             TypeError, ValueError: a bad key or value.
         """
+        self._push(key, value, priority, stage=True)
+
+    def _push(self, key: Any, value: Any, priority: int, stage: bool) -> List[Key]:
+        """Queue the pushes; ``stage=False`` queues the caller's arrays
+        themselves (no copy), for a caller that launches before returning."""
         self._check_usable()
         keys, values = self._pairs(key, value)
-        sums = [self._local_sum(k, v) for k, v in zip(keys, values)]
+        sums = [self._local_sum(k, v, stage) for k, v in zip(keys, values)]
         for k, total in zip(keys, sums):
             if k in self._pending_keys:      # the earlier push of k must be reduced first
                 self._launch()
@@ -206,6 +248,7 @@ class KVStore:
             self._seq += 1
         if self._pending_bytes >= self.bucket_cap_mb * 2 ** 20:
             self._launch()
+        return keys
 
     def pull(self, key: Union[Key, Sequence[Key]], out: Any = None,
              priority: int = 0) -> Any:
@@ -252,9 +295,17 @@ class KVStore:
         Raises:
             as :meth:`push` and :meth:`pull`.
         """
-        self.push(key, value, priority)
-        # A list of arrays for one key gets a copy in each, as pull does.
-        return self.pull(key, value if out is None else out, priority)
+        out = value if out is None else out   # a list for one key: a copy in each
+        if isinstance(key, (list, tuple)) and (not isinstance(out, (list, tuple))
+                                               or len(out) != len(key)):
+            raise ValueError(f"{len(key)} keys need a list of {len(key)} outputs")
+        # The values are copied into the buckets by the launch below, before
+        # this returns, so they need no staging copy.
+        self._push(key, value, priority, stage=False)
+        if self._pending:
+            with self._executor.inline():
+                self._launch()
+        return self.pull(key, out, priority)
 
     def wait_all(self) -> None:
         """Reduce and apply every queued push and wait for all of them. After
@@ -438,7 +489,7 @@ class KVStore:
             raise KVStoreError(f"rank {self.rank}: {action} of key {key!r}, which was never "
                                f"initialized; call init({key!r}, value) first") from None
 
-    def _local_sum(self, key: Key, value: Any) -> np.ndarray:
+    def _local_sum(self, key: Key, value: Any, stage: bool = True) -> np.ndarray:
         stored = self._known(key, "push")
         parts = list(value) if isinstance(value, (list, tuple)) else [value]
         if not parts:
@@ -452,7 +503,7 @@ class KVStore:
                                    f"{stored.shape} {stored.dtype}; a key's shape and dtype "
                                    f"are fixed by init")
             if total is None:
-                total = np.array(array, copy=True, order="C")
+                total = np.array(array, copy=stage or len(parts) > 1, order="C")
             else:
                 total += array
         assert total is not None
@@ -498,11 +549,12 @@ class KVStore:
         for index in plan.bucketer.buckets[bucket]:
             key = plan.keys[index]
             grad = plan.bucketer.view(index)
-            weight = self._store[key]
             if self._updater is None:
-                np.copyto(weight, grad)
+                # The key's value is its slot: the slot is only written again
+                # by a later push of this key, and pulls wait for that one.
+                self._store[key] = grad
             else:
-                self._updater(key, grad, weight)
+                self._updater(key, grad, self._store[key])
 
     def _wait_key(self, key: Key) -> None:
         entry = self._inflight.pop(key, None)
