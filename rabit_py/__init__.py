@@ -9,7 +9,7 @@ from .api import (allgather, allreduce, broadcast, checkpoint, finalize, get_pro
                   get_rank, get_world_size, init, is_distributed, lazy_checkpoint,
                   load_checkpoint, session, tracker_print, version_number)
 from .errors import (CheckpointError, CollectiveMismatchError, CollectiveTimeoutError,
-                     NotInitializedError, RabitError, RecoveryError)
+                     KVStoreError, NotInitializedError, RabitError, RecoveryError)
 from .ops import CustomOp, Op
 
 __all__ = [
@@ -20,5 +20,5 @@ __all__ = [
     "checkpoint", "lazy_checkpoint", "load_checkpoint", "version_number",
     "tracker_print",
     "RabitError", "NotInitializedError", "CollectiveMismatchError",
-    "CollectiveTimeoutError", "RecoveryError", "CheckpointError",
+    "CollectiveTimeoutError", "RecoveryError", "CheckpointError", "KVStoreError",
 ]

@@ -1,20 +1,25 @@
 """A single-process gradient-descent loop made distributed with the KVStore.
 
 Linear least squares on the same global data (generated from a seed; each
-worker keeps its rows) with SGD + momentum. The lines marked ``# +`` (and
-``# ~``: changed) are all that the distributed version adds to the
-single-process loop:
+worker keeps its rows) with SGD + momentum. The lines marked ``# +`` are all
+that the distributed version adds to the single-process loop, and those
+marked ``# -`` are what it removes:
 
-    X, y = make_data()                                 # ~ X, y = my_rows(make_data())
-    w = np.zeros(d)
+    X, y = make_data(rows, features)
+    # + X, y = my_rows(X, y)
+    w, b = np.zeros(features), np.zeros(1)
+    velocity_w, velocity_b = np.zeros(features), np.zeros(1)   # - (the optimizer's)
     # + kv = KVStore("dist_sync")
-    # + kv.set_optimizer(SGD(learning_rate=lr, momentum=0.9, rescale_grad=1 / n))
-    # + kv.init("w", w)
-    velocity = np.zeros(d)                             # ~ (the optimizer holds it)
+    # + kv.set_optimizer(SGD(learning_rate=lr, momentum=0.9, rescale_grad=1 / rows))
+    # + kv.init(["w", "b"], [w, b])
     for step in range(steps):
-        grad = X.T @ (X @ w - y)
-        velocity = 0.9 * velocity - lr / n * grad      # ~ kv.pushpull("w", grad, out=w)
-        w += velocity                                  # ~ (in the line above)
+        residual = X @ w + b - y
+        grad_w, grad_b = X.T @ residual, residual.sum(keepdims=True)
+        velocity_w = 0.9 * velocity_w - lr / rows * grad_w   # - ...
+        velocity_b = 0.9 * velocity_b - lr / rows * grad_b   # - ...
+        w += velocity_w                                      # - ...
+        b += velocity_b                                      # -
+        # + kv.pushpull(["w", "b"], [grad_w, grad_b], out=[w, b])
 
 Run:
 
@@ -45,10 +50,10 @@ from rabit_py.optimizer import SGD
 
 
 def make_data(rows: int, features: int, seed: int = 0) -> Tuple[np.ndarray, np.ndarray]:
-    """The global data set: ``y = X w* + noise``, features of different scales."""
+    """The global data set: ``y = X w* + b* + noise``, features of different scales."""
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(rows, features)) * rng.uniform(0.5, 2.0, size=features)
-    y = X @ rng.normal(size=features) + 0.1 * rng.normal(size=rows)
+    y = X @ rng.normal(size=features) + 1.5 + 0.1 * rng.normal(size=rows)
     return X, y
 
 
@@ -67,6 +72,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--checkpoint-every", type=int, default=0,
                         help="store the weights and momentum every K steps (0: never)")
+    parser.add_argument("--bucket-mb", type=float, default=25.0,
+                        help="the store's bucket size (tiny: one key per bucket)")
     parser.add_argument("--out", help="write the final weights and figures here (JSON)")
     args = parser.parse_args(argv)
 
@@ -74,29 +81,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     started = time.perf_counter()
     X_all, y_all = make_data(args.rows, args.features)
     X, y = my_rows(X_all, y_all)
-    kv = KVStore("dist_sync")
+    kv = KVStore("dist_sync", bucket_cap_mb=args.bucket_mb)
     kv.set_optimizer(SGD(learning_rate=args.lr, momentum=0.9, rescale_grad=1.0 / args.rows))
-    kv.init("w", np.zeros(args.features))
-    w = kv.pull("w")
+    kv.init(["w", "b"], [np.zeros(args.features), np.zeros(1)])
+    w, b = kv.pull(["w", "b"])
     # A replaced (or restarted) worker resumes after the last checkpoint.
     first = kv.load_checkpoint() * args.checkpoint_every if args.checkpoint_every else 0
     if first:
-        kv.pull("w", out=w)
+        kv.pull(["w", "b"], out=[w, b])
     for step in range(first, args.steps):
-        grad = X.T @ (X @ w - y)
-        kv.pushpull("w", grad, out=w)
+        residual = X @ w + b - y
+        grad_w, grad_b = X.T @ residual, residual.sum(keepdims=True)
+        kv.pushpull(["w", "b"], [grad_w, grad_b], out=[w, b])
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
             kv.checkpoint()
     kv.close()
 
     # Figures: the global loss and the distance to the least-squares solution.
-    sse = rabit.allreduce(np.array([float(np.sum((X @ w - y) ** 2))]), rabit.Op.SUM)[0]
-    best = np.linalg.lstsq(X_all, y_all, rcond=None)[0]
+    sse = rabit.allreduce(np.array([float(np.sum((X @ w + b - y) ** 2))]), rabit.Op.SUM)[0]
+    design = np.column_stack([X_all, np.ones(args.rows)])
+    best = np.linalg.lstsq(design, y_all, rcond=None)[0]
+    ours = np.concatenate([w, b])
     figures = {"world_size": rabit.get_world_size(), "steps": args.steps,
                "loss": sse / args.rows / 2,
-               "best_loss": float(np.sum((X_all @ best - y_all) ** 2)) / args.rows / 2,
-               "relative_distance_to_lstsq": float(np.linalg.norm(w - best) / np.linalg.norm(best)),
-               "seconds": time.perf_counter() - started, "weights": w.tolist()}
+               "best_loss": float(np.sum((design @ best - y_all) ** 2)) / args.rows / 2,
+               "relative_distance_to_lstsq": float(np.linalg.norm(ours - best)
+                                                   / np.linalg.norm(best)),
+               "seconds": time.perf_counter() - started, "weights": ours.tolist()}
     if rabit.get_rank() == 0:
         print(f"kvstore_sgd: {figures['world_size']} worker(s), {args.steps} steps: loss "
               f"{figures['loss']:.6f} (least squares {figures['best_loss']:.6f}), |w - w*|/|w*| = "

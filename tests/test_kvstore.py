@@ -11,7 +11,8 @@ import pytest
 
 from ._proc import rabit_run, run
 
-PROGRAM = [sys.executable, "scripts/kvstore_sgd.py", "--steps", "200"]
+# Tiny buckets: "w" and "b" are reduced in two buckets, two collectives a step.
+PROGRAM = [sys.executable, "scripts/kvstore_sgd.py", "--steps", "200", "--bucket-mb", "1e-4"]
 
 
 def weights(path):

@@ -249,3 +249,28 @@ def test_bad_use_is_a_clear_error_on_every_rank(kv, tmp_path):
     assert isinstance(info.value.__cause__, ZeroDivisionError)
     with pytest.raises(KVStoreError, match="unusable after an earlier failure"):
         kv.push("a", np.ones(4))
+
+
+def test_pull_waits_only_for_its_own_key(session):
+    import threading
+
+    released = threading.Event()
+    seen = {}
+
+    def updater(key, g, weight):
+        if key == "slow":        # holds its bucket until the main thread pulled "fast"
+            seen["released in time"] = released.wait(timeout=20)
+        weight += g
+
+    kv = KVStore(bucket_cap_mb=64 / 2 ** 20)        # one key per bucket
+    try:
+        kv.set_updater(updater)
+        kv.init(["fast", "slow"], [np.zeros(8), np.zeros(8)])
+        kv.push("fast", np.ones(8), priority=1)
+        kv.push("slow", np.ones(8))
+        np.testing.assert_array_equal(kv.pull("fast"), np.full(8, SIZE))
+        released.set()
+        np.testing.assert_array_equal(kv.pull("slow"), np.full(8, SIZE))
+        assert seen == {"released in time": True}
+    finally:
+        kv.close()

@@ -22,7 +22,7 @@ def test_all_design_names_are_exported():
 
 def test_errors_form_one_hierarchy():
     for name in ("CollectiveMismatchError", "CollectiveTimeoutError", "RecoveryError",
-                 "CheckpointError", "NotInitializedError"):
+                 "CheckpointError", "NotInitializedError", "KVStoreError"):
         assert issubclass(getattr(rabit_py, name), rabit_py.RabitError)
     from rabit_py.errors import PeerFailure
     assert not issubclass(PeerFailure, rabit_py.RabitError)
