@@ -46,6 +46,13 @@ class Config:
             neighbours by the robust engine (``RABIT_REPLICAS``, default 1).
         max_recoveries: recoveries allowed in one job before the robust engine
             gives up with ``RecoveryError`` (``RABIT_MAX_RECOVERIES``, default 10).
+        shm: reduce large arrays through shared memory between the ranks of a
+            node, hierarchically across nodes (``RABIT_SHM``, default on).
+        shm_min_bytes: the smallest array that takes the shared-memory path
+            (``RABIT_SHM_MIN_BYTES``; smaller ones stay on MPI).
+        node_size: pretend that nodes hold this many consecutive ranks, to
+            exercise the hierarchical path on one machine (``RABIT_NODE_SIZE``;
+            0: the real nodes).
     """
 
     engine: str = "auto"
@@ -58,6 +65,9 @@ class Config:
     log_level: str = "WARNING"
     replicas: int = 1
     max_recoveries: int = 10
+    shm: bool = True
+    shm_min_bytes: int = 256 << 10
+    node_size: int = 0
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -71,7 +81,10 @@ class Config:
         if isinstance(self.keep_checkpoints, bool) or not isinstance(self.keep_checkpoints, int) \
                 or self.keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints={self.keep_checkpoints!r} must be an integer >= 1")
-        for name in ("replicas", "max_recoveries", "restart_count"):
+        if not isinstance(self.shm, bool):
+            raise TypeError(f"shm={self.shm!r} must be a bool")
+        for name in ("replicas", "max_recoveries", "restart_count", "shm_min_bytes",
+                     "node_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r} must be an integer >= 0")

@@ -167,3 +167,23 @@ def test_recoveries_are_capped():
     assert errors and results == [], out[-6000:]
     assert all("1 recoveries already in this job (RABIT_MAX_RECOVERIES=1); giving up"
                in e["message"] for e in errors)
+
+
+# ---------------------------------------------------------------- shared memory
+@pytest.mark.parametrize("node_size,plan,killed", [
+    ("0", "1,2,1,0", {1}),                # one node: peers wait on rank 1's flags
+    ("2", "0,3,0,0;3,4,1,0", {0, 3}),     # two pseudo-nodes: a leader, then a member
+])
+def test_a_rank_dying_while_peers_wait_in_shared_memory(node_size, plan, killed):
+    # Every allreduce takes the shared-memory path; the killed rank dies just
+    # before one, while its peers already wait for its flag: they must notice
+    # (its process is gone), recover, and end as a failure-free run does.
+    env = {"RABIT_SHM_MIN_BYTES": "1", "RABIT_NODE_SIZE": node_size}
+    code, out, _, results = run_job({"RABIT_ENGINE": "robust", **env})
+    assert code == 0, out[-6000:]
+    reference = {r["rank"]: r for r in results}
+    code, out, starts, results = run_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": plan, **env})
+    assert code == 0, out[-6000:]
+    assert_recovered(out, starts, results, reference, killed)
+    assert sorted(set(map(int, re.findall(r"rabit_py mock: rank (\d+) killed", out)))) == \
+        sorted(killed)

@@ -30,6 +30,8 @@ from ..errors import (CheckpointError, CollectiveMismatchError, CollectiveTimeou
 from ..ops import CustomOp, Op, OpLike
 from ._broadcast import (ARRAY, ERROR, HEADER_LEN, INLINE_DIMS, header_dtype, inline_shape,
                          root_header)
+from ._shm import SUPPORTED as SHM_SUPPORTED
+from ._shm import UFUNCS, NodeReducer
 from ._signature import (N_FIELDS, OBJECT, Call, Kind, agrees, call_signature, call_values,
                          describe_mismatch, fill_vector, mismatched_fields)
 from ._validate import check_allgather, check_allreduce, check_array_broadcast, check_root
@@ -138,6 +140,8 @@ class MpiEngine(Engine):
             c.Set_errhandler(MPI.ERRORS_RETURN)
         self._rank = self._comm.Get_rank()
         self._size = self._comm.Get_size()
+        # Built on this communicator at the first call that wants it.
+        self._shm: Optional[NodeReducer] = None
 
     # ------------------------------------------------------------------ info
     @property
@@ -168,8 +172,10 @@ class MpiEngine(Engine):
             if prepare_fun is not None:
                 prepare_fun(data)
             if self._size > 1:
-                if isinstance(op, CustomOp):
-                    self._allreduce_custom(data, op)
+                if self._wants_shm(data, op):
+                    self._allreduce_shm(data, op)
+                elif isinstance(op, CustomOp):
+                    self._allreduce_custom(data, op, self._comm)
                 else:
                     table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
                     self._comm.Allreduce(MPI.IN_PLACE, data, op=table[op])
@@ -179,7 +185,55 @@ class MpiEngine(Engine):
             self._leave()
         return data
 
-    def _allreduce_custom(self, data: np.ndarray, op: CustomOp) -> None:
+    # ---------------------------------------------------- shared memory
+    def _wants_shm(self, data: np.ndarray, op: OpLike) -> bool:
+        """Whether this call takes the shared-memory path (Note [shm
+        allreduce] in ``_shm.py``). Depends only on what every rank shares
+        (size, op, settings), so every rank takes the same path."""
+        if (not self._config.shm or not SHM_SUPPORTED
+                or data.nbytes < max(1, self._config.shm_min_bytes)):
+            return False
+        if self._shm is None:
+            self._shm = NodeReducer(self._comm, self._config.node_size,
+                                    interrupted=self._shm_interrupted)
+            if self._shm.max_node_size == 1:
+                log.debug("rank %d: one rank per node: shared-memory allreduce off", self._rank)
+        if self._shm.max_node_size == 1:
+            return False
+        # A non-commutative reducer must see the ranks in order, which node
+        # blocks need not be: MPI keeps it when the job spans nodes.
+        return not (isinstance(op, CustomOp) and not op.commute and self._shm.nodes > 1)
+
+    def _allreduce_shm(self, data: np.ndarray, op: OpLike) -> None:
+        work = data                      # C-contiguous: check_allreduce refuses the rest
+        reducer = self._shm
+        try:
+            if isinstance(op, CustomOp):
+                reducer.allreduce_custom(
+                    work, op.fn, lambda leaders: self._allreduce_custom(work, op, leaders))
+            else:
+                table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
+                reducer.allreduce(work.reshape(-1), UFUNCS[op], lambda leaders: leaders.Allreduce(
+                    MPI.IN_PLACE, work, op=table[op]))
+        except MPI.Exception:
+            # Peers on other nodes may wait in the leaders' or a node's
+            # collective, which only a revoke interrupts; the reducer is
+            # rebuilt on the repaired communicator.
+            if self._ulfm:
+                reducer.revoke()
+            self._shm = None
+            raise
+
+    def _shm_interrupted(self) -> Optional[int]:
+        """For the shared-memory waits: the MPI error class to leave with."""
+        if self._watchdog is not None and self._watchdog.fired is not None:
+            return _ERR_REVOKED
+        if self._ulfm and (self._comm.Is_revoked()
+                           or (self._shm is not None and self._shm.is_revoked())):
+            return _ERR_REVOKED
+        return None
+
+    def _allreduce_custom(self, data: np.ndarray, op: CustomOp, comm: Any) -> None:
         dtype, shape, fn = data.dtype, data.shape, op.fn
 
         def combine(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
@@ -192,7 +246,7 @@ class MpiEngine(Engine):
         # One element covering the whole array, so MPI never hands fn pieces.
         whole = MPI.BYTE.Create_contiguous(data.nbytes).Commit()
         try:
-            self._comm.Allreduce(MPI.IN_PLACE, [data, 1, whole], op=mpi_op)
+            comm.Allreduce(MPI.IN_PLACE, [data, 1, whole], op=mpi_op)
         finally:
             whole.Free()
             mpi_op.Free()

@@ -1,0 +1,360 @@
+"""Node-local shared-memory allreduce, hierarchical across nodes.
+
+# Note [shm allreduce]
+Open MPI's shared-memory Allreduce moves each rank's whole buffer through
+memory several times (copy to the peer, reduce the whole buffer), so at large
+sizes it runs at a fraction of the machine's copy bandwidth. Here the ranks of
+one node map one shared file (``/dev/shm``): per rank two flag lines,
+a *slot* and a *result* area of ``chunk`` bytes each. An array is processed
+in chunks small enough to stay in cache; for each chunk, every rank owns the
+``1/P`` part of it with its node rank:
+
+1. each rank copies the parts of its chunk that the *other* ranks own into its
+   slot, and raises its ``in`` flag to the call's sequence number;
+2. when every ``in`` flag is up, each rank reduces its own part over the
+   node's ranks **in rank order** (its own input read in place), writing into
+   its result area and its output, and raises its ``out`` flag;
+3. when every ``out`` flag is up, each rank copies the other parts from their
+   owners' result areas.
+
+A rank writes its slot for the next chunk only after every ``out`` flag of
+the previous one is up (all reads of it are done), and its result area only
+after every ``in`` flag of the next one (all copies out of it are done), so
+two flags per chunk are the only synchronization. Every element is reduced
+by one rank in one fixed order, so every rank gets the same bits, run after
+run (not MPI's bits: the order differs). A flag is stored after the data it
+guards, by the same thread, and the interpreter does not reorder the NumPy
+copy and the store; x86 keeps stores in order and loads in order, so a rank
+that sees the flag sees the data. Other architectures do not promise that,
+and Python has no portable fence: there the path stays off (``SUPPORTED``).
+
+Across nodes (or pseudo-nodes of ``RABIT_NODE_SIZE`` ranks, to test it on one
+machine): each node reduces as above; the node leaders (node rank 0)
+allreduce the node sums over MPI; each leader broadcasts the result on its
+node. A custom reducer (``Op.create``) is called with whole arrays, never
+pieces: node rank 0 applies it to every rank's whole input in rank order in a
+window grown to fit, the others copy the result.
+
+Waiting is spinning on the flags (yielding the CPU after a few hundred
+reads, so oversubscribed ranks still progress). A rank that dies while its
+peers wait must not leave them spinning: every few milliseconds the waiters
+check that their node peers' processes are alive and whether the engine's
+watchdog fired or the communicator was revoked, and leave with the matching
+MPI error, which the engine turns into recovery, ``RecoveryError`` or
+``CollectiveTimeoutError`` as for any MPI call.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import platform
+import tempfile
+import time
+from typing import Any, Callable, List, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["NodeReducer", "UFUNCS", "SUPPORTED"]
+
+_LINE = 64                              # bytes per flag (one cache line each)
+_FLAG_BYTES = 2 * _LINE                 # "in" and "out" flags of one rank
+_SPINS_BEFORE_YIELD = 200
+_DIRECT_MAX_RANKS = 2            # up to this many ranks per node: the direct variant
+_CHECK_EVERY_S = 0.005
+#: The flags rely on x86's store order (Note [shm allreduce]).
+SUPPORTED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+_SEGMENT_IDS = itertools.count()
+
+ERR_PROC_FAILED = getattr(MPI, "ERR_PROC_FAILED", 75)
+ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
+
+# Op code -> the NumPy ufunc that reduces two arrays (ops.Op values).
+UFUNCS = {0: np.maximum, 1: np.minimum, 2: np.add, 3: np.bitwise_or, 4: np.multiply,
+          5: np.bitwise_and, 6: np.bitwise_xor}
+
+
+class NodeReducer:
+    """The shared-memory allreduce of one communicator (Note [shm allreduce]).
+
+    Collective over ``comm`` to build.
+
+    Args:
+        comm: the engine's communicator.
+        node_size: ranks per pseudo-node (0: the real nodes, by shared memory).
+        chunk_bytes: bytes of one pipeline chunk (per rank: a slot and a
+            result area of this size).
+        interrupted: returns an MPI error class when the wait must end (the
+            watchdog fired, the communicator was revoked), else None.
+    """
+
+    def __init__(self, comm: Any, node_size: int = 0, chunk_bytes: int = 1 << 20,
+                 interrupted: Optional[Callable[[], Optional[int]]] = None) -> None:
+        rank = comm.Get_rank()
+        if node_size > 0:
+            self.node = comm.Split(rank // node_size, rank)
+        else:
+            self.node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        self.node.Set_errhandler(MPI.ERRORS_RETURN)
+        self.node_rank = self.node.Get_rank()
+        self.node_size = self.node.Get_size()
+        leaders = comm.Split(0 if self.node_rank == 0 else MPI.UNDEFINED, rank)
+        self.leaders = leaders if leaders != MPI.COMM_NULL else None
+        if self.leaders is not None:
+            self.leaders.Set_errhandler(MPI.ERRORS_RETURN)
+        self.nodes = comm.allreduce(1 if self.node_rank == 0 else 0, op=MPI.SUM)
+        #: The largest node: 1 means no rank shares a node (nothing to gain).
+        self.max_node_size = comm.allreduce(self.node_size, op=MPI.MAX)
+        self.pids: List[int] = self.node.allgather(os.getpid())
+        self.chunk = max(_LINE, chunk_bytes // _LINE * _LINE)
+        self._interrupted = interrupted or (lambda: None)
+        self._seq = 0
+        self._capacity = 0
+        self._map: Optional[mmap.mmap] = None
+        self._allocate(0)
+
+    # ------------------------------------------------------------ window
+    def _allocate(self, custom_bytes: int) -> None:
+        """(Re)map the segments: flags, slot, result, and ``custom_bytes`` for
+        whole-array custom reductions. Collective on the node.
+
+        One file in ``/dev/shm`` per node, made by node rank 0 and mapped by
+        all; it is unlinked as soon as everyone mapped it, so it disappears
+        with the last process, however the job ends. (Not an MPI window: MPI
+        one-sided windows print warnings under ULFM and add nothing here.)
+        """
+        if self._map is not None:
+            self.node.Barrier()              # every copy out of the old segments is done
+            self._release()
+        per_rank = _FLAG_BYTES + 2 * self.chunk + custom_bytes
+        total = per_rank * self.node_size
+        path = None
+        if self.node_rank == 0:
+            folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+            path = os.path.join(folder, f"rabit_py-{os.getpid()}-{next(_SEGMENT_IDS)}")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.ftruncate(fd, total)
+            except OSError:
+                os.close(fd)
+                os.unlink(path)
+                raise
+        path = self.node.bcast(path, root=0)
+        if self.node_rank != 0:
+            fd = os.open(path, os.O_RDWR)
+        try:
+            self._map = mmap.mmap(fd, total)
+        finally:
+            os.close(fd)
+        self.node.Barrier()
+        if self.node_rank == 0:
+            os.unlink(path)
+        whole = np.frombuffer(self._map, dtype=np.uint8)
+        segments = [whole[q * per_rank:(q + 1) * per_rank] for q in range(self.node_size)]
+        self._in = [s[:8].view(np.int64) for s in segments]
+        self._out = [s[_LINE:_LINE + 8].view(np.int64) for s in segments]
+        start = _FLAG_BYTES
+        self._slot = [s[start:start + self.chunk] for s in segments]
+        self._result = [s[start + self.chunk:start + 2 * self.chunk] for s in segments]
+        self._custom = [s[start + 2 * self.chunk:] for s in segments]
+        self._capacity = custom_bytes
+        self._seq = 0                    # new segments start with every flag at 0
+
+    def _release(self) -> None:
+        self._in = self._out = self._slot = self._result = self._custom = []
+        try:
+            self._map.close()
+        except BufferError:              # a view is still alive somewhere: leave it mapped
+            pass
+        self._map = None
+
+    def free(self) -> None:
+        """Unmap the segments and free the communicators (collective on the node)."""
+        if self._map is not None:
+            self._release()
+        for comm in (self.node, self.leaders):
+            if comm is not None:
+                comm.Free()
+
+    def revoke(self) -> None:
+        """ULFM: revoke the node and leaders communicators, so that peers
+        blocked in them (waiting for a rank that left after a failure) return."""
+        for comm in (self.node, self.leaders):
+            if comm is not None:
+                try:
+                    comm.Revoke()
+                except MPI.Exception:
+                    pass
+
+    def is_revoked(self) -> bool:
+        """ULFM: whether a peer revoked the node or leaders communicator."""
+        return any(comm is not None and comm.Is_revoked() for comm in (self.node, self.leaders))
+
+    # ------------------------------------------------------------ collectives
+    def allreduce(self, flat: np.ndarray, ufunc: Any,
+                  leaders_allreduce: Callable[[Any], None]) -> None:
+        """Reduce the 1-D contiguous ``flat`` in place over the communicator:
+        ``ufunc`` (a NumPy binary ufunc) on the node, then
+        ``leaders_allreduce(leaders_comm)`` among the node leaders (MPI).
+
+        Raises:
+            MPI.Exception: a node peer died (``ERR_PROC_FAILED``), the wait
+                was interrupted (the class ``interrupted`` returned), or MPI failed.
+        """
+        if self.node_size > _DIRECT_MAX_RANKS:
+            self._node_allreduce(flat, ufunc)
+        elif self.node_size > 1:
+            self._node_allreduce_direct(flat, ufunc)
+        self._across_nodes(flat, leaders_allreduce)
+
+    def allreduce_custom(self, data: np.ndarray, fn: Callable[[np.ndarray, np.ndarray], Any],
+                         leaders_allreduce: Callable[[Any], None]) -> None:
+        """Reduce the contiguous ``data`` in place with ``fn(lower_rank_value,
+        higher_rank_value)`` called on whole arrays (Note [shm allreduce]).
+
+        Raises:
+            MPI.Exception: as :meth:`allreduce`.
+        """
+        if self.node_size > 1:
+            nbytes = data.nbytes
+            if nbytes > self._capacity:
+                self._allocate(nbytes)
+            flat = data.reshape(-1)
+            area = self._custom[self.node_rank][:nbytes].view(data.dtype)
+            self._seq += 1
+            seq = self._seq
+            if self.node_rank != 0:              # rank 0 reads its own input in place
+                np.copyto(area, flat)
+            self._raise(self._in, seq)
+            if self.node_rank == 0:
+                # Rank 0's area holds the result: the others read it after the
+                # "out" flags, and rank 0 writes it again only after the next
+                # call's "in" flags, i.e. after every copy is done.
+                self._wait(self._in, seq)
+                acc = data
+                for q in range(1, self.node_size):
+                    other = self._custom[q][:nbytes].view(data.dtype).reshape(data.shape)
+                    acc = np.asarray(fn(acc, other))
+                np.copyto(data, acc, casting="unsafe")
+                np.copyto(area, flat)
+            self._raise(self._out, seq)
+            self._wait(self._out, seq)
+            if self.node_rank != 0:
+                np.copyto(flat, self._custom[0][:nbytes].view(data.dtype))
+        self._across_nodes(data.reshape(-1), leaders_allreduce)
+
+    def _across_nodes(self, flat: np.ndarray, leaders_allreduce: Callable[[Any], None]) -> None:
+        if self.nodes == 1:
+            return
+        if self.leaders is not None:
+            leaders_allreduce(self.leaders)
+        if self.node_size > 1:
+            self.node.Bcast(flat, root=0)
+
+    def _node_allreduce(self, flat: np.ndarray, ufunc: Any) -> None:
+        size, me = self.node_size, self.node_rank
+        item = flat.itemsize
+        per = self.chunk // item
+        dtype = flat.dtype
+        for start in range(0, flat.size, per):
+            stop = min(flat.size, start + per)
+            m = stop - start
+            bounds = [m * q // size for q in range(size + 1)]
+            lo, hi = bounds[me], bounds[me + 1]
+            self._seq += 1
+            seq = self._seq
+            slot = self._slot[me][:m * item].view(dtype)
+            if lo > 0:
+                np.copyto(slot[:lo], flat[start:start + lo])
+            if hi < m:
+                np.copyto(slot[hi:], flat[start + hi:stop])
+            self._raise(self._in, seq)
+            self._wait(self._in, seq)
+            parts = [flat[start + lo:start + hi] if q == me
+                     else self._slot[q][:m * item].view(dtype)[lo:hi] for q in range(size)]
+            result = self._result[me][:(hi - lo) * item].view(dtype)
+            ufunc(parts[0], parts[1], out=result)
+            for q in range(2, size):
+                ufunc(result, parts[q], out=result)
+            self._raise(self._out, seq)
+            np.copyto(flat[start + lo:start + hi], result)
+            self._wait(self._out, seq)
+            for q in range(size):
+                if q != me:
+                    a, b = bounds[q], bounds[q + 1]
+                    theirs = self._result[q][:(b - a) * item].view(dtype)
+                    np.copyto(flat[start + a:start + b], theirs)
+
+    def _node_allreduce_direct(self, flat: np.ndarray, ufunc: Any) -> None:
+        """Few ranks (Note [shm allreduce], direct variant): every rank copies
+        its chunk into a buffer and reduces the whole chunk itself from all
+        buffers, in rank order; one flag per chunk. Buffers alternate, so a
+        rank overwrites one only after every peer raised the flag of the
+        next chunk, i.e. finished reading it."""
+        size, me = self.node_size, self.node_rank
+        item = flat.itemsize
+        per = self.chunk // item
+        dtype = flat.dtype
+        buffers = (self._slot, self._result)
+        for start in range(0, flat.size, per):
+            stop = min(flat.size, start + per)
+            self._seq += 1
+            seq = self._seq
+            nbytes = (stop - start) * item
+            mine = flat[start:stop]
+            np.copyto(buffers[seq & 1][me][:nbytes].view(dtype), mine)
+            self._raise(self._in, seq)
+            self._wait(self._in, seq)
+            parts = [buffers[seq & 1][q][:nbytes].view(dtype) for q in range(size)]
+            # Operands in rank order: the same bits on every rank (even for
+            # MAX of +0.0 and -0.0, which is not symmetric in NumPy).
+            ufunc(parts[0], parts[1], out=mine)
+            for q in range(2, size):
+                ufunc(mine, parts[q], out=mine)
+
+    # ------------------------------------------------------------ flags
+    def _raise(self, flags: List[np.ndarray], seq: int) -> None:
+        flags[self.node_rank][0] = seq
+
+    def _wait(self, flags: List[np.ndarray], seq: int) -> None:
+        """Until every node rank's flag reached ``seq``; checks peers and the
+        engine every few milliseconds."""
+        for q in range(self.node_size):
+            flag = flags[q]
+            spins = 0
+            checked = time.monotonic()
+            while flag[0] < seq:
+                spins += 1
+                if spins < _SPINS_BEFORE_YIELD:
+                    continue
+                os.sched_yield()
+                now = time.monotonic()
+                if now - checked > _CHECK_EVERY_S:
+                    checked = now
+                    self._check_alive(q)
+
+    def _check_alive(self, waited_for: int) -> None:
+        error_class = self._interrupted()
+        if error_class is not None:
+            raise MPI.Exception(error_class)
+        for q, pid in enumerate(self.pids):
+            if q != self.node_rank and not _alive(pid):
+                raise MPI.Exception(ERR_PROC_FAILED)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` (on this node) is running: not gone, not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True

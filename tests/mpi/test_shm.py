@@ -1,0 +1,139 @@
+"""The shared-memory allreduce (rabit_py/engine/_shm.py) on every rank: every
+op and dtype against NumPy over all ranks' inputs, arrays spanning several
+chunks, custom reducers on whole arrays, and the hierarchical
+path (pseudo-nodes of RABIT_NODE_SIZE ranks), on both engines."""
+
+import numpy as np
+import pytest
+
+import rabit_py as rabit
+from rabit_py import Op
+
+from .conftest import WORLD, _engines, same_on_all_ranks
+from .test_collectives import CASES, NUMPY_OF, rank_input
+
+SIZE = WORLD.Get_size()
+RANK = WORLD.Get_rank()
+SHAPE = (3, 100_001)          # float64: 2.4 MB, three 1 MiB chunks, uneven parts
+
+
+def _layouts():
+    """(node_size, whether ranks share a node and shm is on): the real node;
+    at 4 ranks also pseudo-nodes of 2 (two nodes) and 3 (uneven nodes)."""
+    layouts = [0]
+    if SIZE >= 4:
+        layouts += [2, 3]
+    return layouts
+
+
+@pytest.fixture(params=[(e, n) for e in _engines() for n in _layouts()],
+                ids=lambda p: f"{p[0]}-node{p[1]}")
+def shm_session(request):
+    engine, node_size = request.param
+    rabit.init(engine=engine, timeout=60, shm=True, shm_min_bytes=1, node_size=node_size)
+    yield node_size
+    rabit.finalize()
+
+
+def hierarchical(node_size):
+    return 0 < node_size < SIZE
+
+
+def reference(dtype, op, shape):
+    parts = [rank_input(r, dtype, op, shape) for r in range(SIZE)]
+    result = parts[0].copy()
+    for part in parts[1:]:
+        if np.dtype(dtype).kind == "b":
+            result = {Op.MAX: np.logical_or, Op.MIN: np.logical_and, Op.BITOR: np.logical_or,
+                      Op.BITAND: np.logical_and, Op.BITXOR: np.logical_xor}[op](result, part)
+        else:
+            result = NUMPY_OF[op](result, part).astype(dtype)
+    return result
+
+
+def test_shm_path_is_taken(shm_session):
+    rabit.allreduce(np.ones(16), Op.SUM)
+    reducer = rabit.api._engine._shm
+    if SIZE == 1:
+        assert reducer is None                       # one rank: nothing to share
+    else:
+        assert reducer is not None and reducer.max_node_size > 1
+        assert reducer.nodes == (1 if shm_session == 0 else -(-SIZE // shm_session))
+
+
+def test_every_op_and_dtype_over_several_chunks(shm_session):
+    for op, dtype in CASES:
+        data = rank_input(RANK, dtype, op, SHAPE)
+        assert rabit.allreduce(data, op) is data
+        want = reference(dtype, op, SHAPE)
+        inexact = np.dtype(dtype).kind in "fc" and op in (Op.SUM, Op.PROD)
+        if inexact and hierarchical(shm_session):
+            # Node sums, then MPI among the leaders: another order than NumPy's.
+            tol = 1e-2 if dtype == "float16" else 1e-5
+            np.testing.assert_allclose(data, want, rtol=tol, atol=tol, err_msg=f"{op} {dtype}")
+        else:
+            # One node: reduced in rank order, as NumPy above, bit for bit.
+            assert data.tobytes() == want.tobytes(), (op, dtype)
+        assert same_on_all_ranks(data), f"ranks got different bits for {op} {dtype}"
+
+
+def test_prepare_fun(shm_session):
+    def prepare(buf):
+        buf[:] = RANK
+
+    data = np.zeros(500_000, dtype=np.int64)
+    rabit.allreduce(data, Op.MAX, prepare_fun=prepare)
+    assert (data == SIZE - 1).all()
+
+
+def test_custom_reducers_see_whole_arrays_in_rank_order(shm_session):
+    shapes = []
+
+    def first_nonzero(a, b):              # not commutative: the lower rank wins
+        shapes.append((a.shape, b.shape))
+        return np.where(a != 0, a, b)
+
+    data = np.zeros((400, 700))
+    data[RANK::SIZE] = RANK + 1
+    data[-1] = RANK + 1                    # every rank sets the last row: rank 0 must win
+    rabit.allreduce(data, Op.create(first_nonzero, commute=False))
+    want = np.zeros((400, 700))
+    for r in range(SIZE):
+        want[r::SIZE] = r + 1
+    want[-1] = 1
+    assert np.array_equal(data, want)
+    assert all(s == ((400, 700), (400, 700)) for s in shapes)
+
+    def add(a, b):
+        return a + b
+
+    total = np.full(300_000, RANK + 1, dtype=np.int32)
+    rabit.allreduce(total, Op.create(add))
+    assert (total == SIZE * (SIZE + 1) // 2).all()
+    assert same_on_all_ranks(data)
+
+
+def test_growing_and_mixed_calls_keep_their_order(shm_session):
+    # Small (MPI), custom (grows the segment), then large built-in calls,
+    # interleaved: every result right, nothing stale.
+    for step in range(3):
+        small = np.full(3, RANK + step, dtype=np.int64)
+        rabit.allreduce(small, Op.SUM)
+        assert (small == sum(r + step for r in range(SIZE))).all()
+        big = np.full(200_000 * (step + 1), RANK + step, dtype=np.int64)
+        rabit.allreduce(big, Op.create(lambda a, b: a + b))
+        assert (big == sum(r + step for r in range(SIZE))).all()
+        large = np.full(300_000, RANK * step, dtype=np.float32)
+        rabit.allreduce(large, Op.MAX)
+        assert (large == (SIZE - 1) * step).all()
+
+
+def test_shm_off_by_setting():
+    rabit.init(engine="mpi", timeout=60, shm=False, shm_min_bytes=1)
+    try:
+        data = np.full(300_000, RANK + 1.0)
+        rabit.allreduce(data, Op.SUM)
+        assert (data == SIZE * (SIZE + 1) / 2).all()
+        assert rabit.api._engine._shm is None
+    finally:
+        rabit.finalize()
