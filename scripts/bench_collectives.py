@@ -7,7 +7,10 @@ In one job, on the same float32 buffers, for sizes 8 B ... 64 MiB, it times:
 - raw mpi4py ``Allreduce`` in place and out of place (the faster is the
   reference: our in-place API must be compared with MPI's best), and ``Bcast``;
 - ``rabit.allreduce`` and ``rabit.broadcast`` with the signature check off and
-  on (default settings otherwise, so the timeout watchdog is armed);
+  on, on MPI's collectives (``shm=False``; the timeout watchdog is armed);
+- ``rabit.allreduce`` through the node's shared memory (``shm=True`` at every
+  size, check off), and a plain memory copy of the buffer (the machine's
+  memory bandwidth ceiling, bytes / time);
 - ``xgboost.collective.allreduce`` when xgboost is installed (what XGBoost
   users run today).
 
@@ -50,11 +53,11 @@ class RabitSession:
     def __init__(self) -> None:
         self.current: Optional[tuple] = None
 
-    def use(self, engine: str, check: bool) -> None:
-        if self.current != (engine, check):
+    def use(self, engine: str, check: bool, shm: bool = False) -> None:
+        if self.current != (engine, check, shm):
             rabit.finalize()
-            rabit.init(engine=engine, check=check)
-            self.current = (engine, check)
+            rabit.init(engine=engine, check=check, shm=shm, shm_min_bytes=1)
+            self.current = (engine, check, shm)
 
     def close(self) -> None:
         rabit.finalize()
@@ -109,6 +112,9 @@ def contenders(session: RabitSession) -> Dict[str, tuple]:
     def rabit_bcast(buf, out):
         rabit.broadcast(buf, 0)
 
+    def copy(buf, out):
+        np.copyto(out, buf)
+
     def nothing():
         pass
 
@@ -119,6 +125,8 @@ def contenders(session: RabitSession) -> Dict[str, tuple]:
                                       rabit_allreduce),
         "rabit allreduce check=on": ("allreduce", lambda: session.use("mpi", True),
                                      rabit_allreduce),
+        SHM: ("allreduce", lambda: session.use("mpi", False, shm=True), rabit_allreduce),
+        COPY: ("copy", nothing, copy),
         "mpi4py Bcast": ("broadcast", nothing, raw_bcast),
         "rabit broadcast check=off": ("broadcast", lambda: session.use("mpi", False), rabit_bcast),
         "rabit broadcast check=on": ("broadcast", lambda: session.use("mpi", True), rabit_bcast),
@@ -130,6 +138,8 @@ def _keep(buf: np.ndarray) -> None:
     """A prepare_fun that leaves the buffer as it is."""
 
 
+SHM = "rabit allreduce shm"
+COPY = "memory copy (ceiling)"
 ROBUST_RAW = "mpi4py Allreduce in-place (robust phase)"
 ROBUST_BCAST_RAW = "mpi4py Bcast (robust phase)"
 
@@ -250,7 +260,7 @@ def report(rows: List[dict], names: List[str]) -> str:
     lines = []
     for kind, raw_names, ours in (
             ("allreduce", ["mpi4py Allreduce in-place", "mpi4py Allreduce out-of-place"],
-             ["rabit allreduce check=off", "rabit allreduce check=on",
+             ["rabit allreduce check=off", "rabit allreduce check=on", SHM,
               "rabit robust allreduce", "rabit robust allreduce+prepare_fun", XGB]),
             ("broadcast", ["mpi4py Bcast"],
              ["rabit broadcast check=off", "rabit broadcast check=on",
@@ -276,6 +286,11 @@ def report(rows: List[dict], names: List[str]) -> str:
                              f"{paired_ratio(paired, samples[n]):6.2f}")
             cost = (t[f"rabit {kind} check=on"] - t[f"rabit {kind} check=off"]) * 1e6
             lines.append(" | ".join(cells) + f" | {cost:13.1f}")
+    if COPY in names:
+        cells = ", ".join(f"{human(row['bytes'])} "
+                          f"{bus_bandwidth('copy', row['bytes'], median(row['seconds'][COPY])):.1f}"
+                          for row in rows)
+        lines.append(f"\n{COPY}, GB/s (bytes / time, one rank's buffer): {cells}")
     phase_raws = sorted({raw for n, raw in PAIRED_RAW.items() if n in names})
     for raw in phase_raws:
         cells = ", ".join(f"{human(row['bytes'])} {median(row['seconds'][raw]) * 1e6:.1f}"
@@ -292,10 +307,11 @@ def plot(rows: List[dict], names: List[str], kinds: Dict[str, str], path: str) -
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for ax, kind in zip(axes, ("allreduce", "broadcast")):
         for name in names:
-            if kinds[name] != kind:
+            if kinds[name] != kind and not (kind == "allreduce" and kinds[name] == "copy"):
                 continue
             xs = [r["bytes"] for r in rows]
-            ys = [bus_bandwidth(kind, r["bytes"], median(r["seconds"][name])) for r in rows]
+            ys = [bus_bandwidth(kinds[name], r["bytes"], median(r["seconds"][name]))
+                  for r in rows]
             ax.plot(xs, ys, marker="o", label=name)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -321,8 +337,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
 
     session = RabitSession()
-    rabit.init(engine="mpi")
-    session.current = ("mpi", True)
+    rabit.init(engine="mpi", shm=False)
+    session.current = ("mpi", True, False)
     table = contenders(session)
     sizes = [s for s in SIZES if args.min_bytes <= s <= args.max_bytes]
     rows = [{"bytes": nbytes, "seconds": measure(nbytes, table, args.batches)}

@@ -203,10 +203,12 @@ class NodeReducer:
             MPI.Exception: a node peer died (``ERR_PROC_FAILED``), the wait
                 was interrupted (the class ``interrupted`` returned), or MPI failed.
         """
-        if self.node_size > _DIRECT_MAX_RANKS:
-            self._node_allreduce(flat, ufunc)
-        elif self.node_size > 1:
-            self._node_allreduce_direct(flat, ufunc)
+        # MPI reduces overflowing or NaN values silently: so do we.
+        with np.errstate(all="ignore"):
+            if self.node_size > _DIRECT_MAX_RANKS:
+                self._node_allreduce(flat, ufunc)
+            elif self.node_size > 1:
+                self._node_allreduce_direct(flat, ufunc)
         self._across_nodes(flat, leaders_allreduce)
 
     def allreduce_custom(self, data: np.ndarray, fn: Callable[[np.ndarray, np.ndarray], Any],

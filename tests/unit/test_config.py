@@ -56,3 +56,15 @@ def test_robust_settings():
         Config.from_env({"RABIT_REPLICAS": "two"})
     with pytest.raises(ValueError, match="max_recoveries=-1 must be an integer >= 0"):
         Config.from_env({}, max_recoveries=-1)
+
+
+def test_shared_memory_settings():
+    cfg = Config.from_env({})
+    assert (cfg.shm, cfg.shm_min_bytes, cfg.node_size) == (True, 32 << 20, 0)
+    cfg = Config.from_env({"RABIT_SHM": "0", "RABIT_SHM_MIN_BYTES": "1024",
+                           "RABIT_NODE_SIZE": "2"})
+    assert (cfg.shm, cfg.shm_min_bytes, cfg.node_size) == (False, 1024, 2)
+    with pytest.raises(ValueError, match="RABIT_NODE_SIZE='two': expected an integer"):
+        Config.from_env({"RABIT_NODE_SIZE": "two"})
+    with pytest.raises(ValueError, match="shm_min_bytes=-1 must be an integer >= 0"):
+        Config.from_env({}, shm_min_bytes=-1)
