@@ -9,6 +9,8 @@ import pytest
 import rabit_py as rabit
 from rabit_py import Op
 
+from rabit_py.engine.mpi import ulfm_enabled as rabit_ulfm
+
 from .conftest import WORLD, _engines, same_on_all_ranks
 from .test_collectives import CASES, NUMPY_OF, rank_input
 
@@ -137,3 +139,24 @@ def test_shm_off_by_setting():
         assert rabit.api._engine._shm is None
     finally:
         rabit.finalize()
+
+
+@pytest.mark.skipif(SIZE < 2 or not rabit_ulfm(), reason="needs 2 ranks and rabit-run (ULFM)")
+def test_a_late_rank_is_a_timeout_not_a_spin():
+    import time
+
+    late = SIZE - 1
+    rabit.init(engine="mpi", timeout=2, shm=True, shm_min_bytes=1)
+    try:
+        rabit.allreduce(np.zeros(8), Op.SUM)
+        start = time.monotonic()
+        if RANK == late:
+            time.sleep(4)                    # its peers wait on its flag meanwhile
+        with pytest.raises(rabit.CollectiveTimeoutError) as info:
+            rabit.allreduce(np.zeros(8), Op.SUM)
+        if RANK != late:
+            assert f"Rank(s) {late} did not arrive" in str(info.value), str(info.value)
+            assert time.monotonic() - start < 10
+    finally:
+        rabit.finalize()
+    WORLD.Barrier()
