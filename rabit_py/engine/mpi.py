@@ -19,7 +19,12 @@ import threading
 from typing import Any, Dict, Optional
 
 import numpy as np
-from mpi4py import MPI
+
+from ._mpistart import singleton_without_libfabric
+
+with singleton_without_libfabric():
+    from mpi4py import MPI            # MPI starts here (mpi4py initializes it on import)
+
 from mpi4py.util.dtlib import from_numpy_dtype
 
 from .._checkpoint import deserialize, serialize

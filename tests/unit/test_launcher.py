@@ -27,9 +27,29 @@ def test_build_command_adds_the_flags():
                                  is_root=True, open_mpi_5=True)
     assert Path(cmd[0]).name == "mpirun" and Path(cmd[0]).is_file()
     assert cmd[1:] == ["-n", "3", "--oversubscribe", "--allow-run-as-root", "--with-ft", "ulfm",
-                       "--bind-to", "none", "python", "t.py"]
+                       "--mca", "btl", "^ofi", "--bind-to", "none", "python", "t.py"]
     cmd = launcher.build_command(["-n", "2", "--no-ft", "prog"], is_root=False, open_mpi_5=True)
     assert cmd[1:] == ["-n", "2", "--oversubscribe", "prog"]
+
+
+@pytest.mark.parametrize("argv,env", [
+    (["--hostfile", "hosts"], {}),                   # several machines: keep libfabric
+    (["--host=a,b"], {}),
+    (["--mca", "btl", "self,tcp"], {}),              # the user chose the BTLs
+    ([], {"OMPI_MCA_btl": "self,sm"}),
+    ([], {"SLURM_JOB_NUM_NODES": "2"}),
+])
+def test_the_libfabric_btl_is_skipped_on_one_node_only(monkeypatch, argv, env):
+    for name in ("OMPI_MCA_btl", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    cmd = launcher.build_command(["-n", "2", *argv, "prog"], is_root=False, open_mpi_5=True)
+    assert "^ofi" not in cmd
+    monkeypatch.delenv("OMPI_MCA_btl", raising=False)
+    monkeypatch.delenv("SLURM_JOB_NUM_NODES", raising=False)
+    cmd = launcher.build_command(["-n", "2", "prog"], is_root=False, open_mpi_5=True)
+    assert cmd[-4:] == ["--mca", "btl", "^ofi", "prog"]
 
 
 def test_the_mpirun_found_belongs_to_this_python():
