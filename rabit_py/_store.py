@@ -50,6 +50,7 @@ FORMAT = 1
 # magic, format, world size, version, has payload, payload length, crc32
 _HEADER = struct.Struct("<8sIIQBQI")
 _VERSION_DIR = re.compile(r"^v(\d{8,})$")
+_PARALLEL_CRC_BYTES = 1 << 20
 
 
 def _fsync_dir(path: str) -> None:
@@ -69,12 +70,29 @@ def write_file(path: str, payload: Optional[bytes], world_size: int, version: in
     """Write one checkpoint file atomically (temporary name, fsync, rename,
     fsync of the folder). ``payload`` None records "no model"."""
     data = payload if payload is not None else b""
-    header = _HEADER.pack(MAGIC, FORMAT, world_size, version, payload is not None, len(data),
-                          zlib.crc32(data))
+
+    def header(crc: int) -> bytes:
+        return _HEADER.pack(MAGIC, FORMAT, world_size, version, payload is not None,
+                            len(data), crc)
+
     tmp = f"{path}.tmp-{os.getpid()}"
+    crc: List[int] = []
+    helper = None
+    if len(data) >= _PARALLEL_CRC_BYTES:
+        # zlib.crc32 and the write to the page cache both release the GIL:
+        # the checksum runs beside the write, and the header is patched after.
+        helper = threading.Thread(target=lambda: crc.append(zlib.crc32(data)),
+                                  name="rabit-crc", daemon=True)
+        helper.start()
+    else:
+        crc.append(zlib.crc32(data))
     with open(tmp, "wb") as f:
-        f.write(header)
+        f.write(header(crc[0] if helper is None else 0))
         f.write(data)
+        if helper is not None:
+            helper.join()
+            f.seek(0)
+            f.write(header(crc[0]))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
