@@ -252,16 +252,30 @@ def _kill_job(proc: "subprocess.Popen[bytes]") -> None:
 
 
 def _run(cmd: List[str], ranks: int, extra_env: Optional[dict] = None) -> Tuple[int, bool]:
-    """Run one attempt; return (exit status, whether the user interrupted it)."""
-    # Each rank that finalizes cleanly leaves a file here (see MpiEngine.finalize):
-    # it tells how the job ended if mpirun has to be stopped at teardown.
-    status_dir = tempfile.mkdtemp(prefix="rabit-run-")
-    env = {**os.environ, **(extra_env or {}), STATUS_DIR_VARIABLE: status_dir}
-    try:
-        return _supervise(subprocess.Popen(cmd, start_new_session=True, env=env),
-                          ranks, status_dir)
-    finally:
-        shutil.rmtree(status_dir, ignore_errors=True)
+    """Run one attempt; return (exit status, whether the user interrupted it).
+
+    An mpirun that fails to start the job at all (PRRTE's exit status 213, no
+    rank started: seen as "The PMIx server's listener thread failed to
+    start", an intermittent PMIx fault) is started again, up to twice; it is
+    not a failure of the job, and restarts are not spent on it.
+    """
+    for launch in range(_LAUNCH_TRIES):
+        # Each rank leaves marks here (see MpiEngine): started at init, ok or
+        # failed at exit; they tell how the job ended whatever mpirun says.
+        status_dir = tempfile.mkdtemp(prefix="rabit-run-")
+        env = {**os.environ, **(extra_env or {}), STATUS_DIR_VARIABLE: status_dir}
+        try:
+            code, interrupted = _supervise(subprocess.Popen(cmd, start_new_session=True,
+                                                            env=env), ranks, status_dir)
+            started = _marks(status_dir, "started")
+        finally:
+            shutil.rmtree(status_dir, ignore_errors=True)
+        if code != _LAUNCH_FAILED or interrupted or started or launch == _LAUNCH_TRIES - 1:
+            return code, interrupted
+        print(f"rabit-run: mpirun could not start the job (exit status {code}, no rank "
+              f"started); starting it again", file=sys.stderr, flush=True)
+        time.sleep(0.5)
+    raise AssertionError("unreachable")
 
 
 def _supervise(proc: "subprocess.Popen[bytes]", ranks: int,
@@ -366,6 +380,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.checkpoint_dir:
         extra_env["RABIT_CHECKPOINT_DIR"] = os.path.abspath(args.checkpoint_dir)
     return _run_with_restarts(cmd, args.np, args.max_restarts, args.restart_delay, extra_env)
+
+
+_LAUNCH_FAILED = 213        # PRRTE: the job could not be started
+_LAUNCH_TRIES = 3
 
 
 def _run_with_restarts(cmd: List[str], ranks: int, max_restarts: int, delay: float,

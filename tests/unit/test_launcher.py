@@ -143,6 +143,22 @@ def test_lingering_mpirun_is_stopped(tmp_path, finalized, expected):
     assert time.monotonic() - start < 30
 
 
+def test_a_launch_that_never_started_is_tried_again(tmp_path, capsys):
+    # PRRTE sometimes fails before starting any rank (exit 213); the next start works.
+    fake = tmp_path / "mpirun"
+    count = tmp_path / "count"
+    fake.write_text(f"#!/bin/sh\necho x >> {count}\n"
+                    f"[ $(wc -l < {count}) -ge 2 ] && exit 0\nexit 213\n")
+    fake.chmod(0o755)
+    assert launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "prog"]) == 0
+    assert count.read_text().count("x") == 2
+    assert "could not start the job (exit status 213" in capsys.readouterr().err
+    # A program that fails (any other status) is not started again.
+    fake.write_text(f"#!/bin/sh\necho x >> {count}\nexit 1\n")
+    assert launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "prog"]) == 1
+    assert count.read_text().count("x") == 3
+
+
 def test_mpirun_that_does_not_reap_its_ranks_is_stopped(tmp_path):
     # Seen after an abort under ULFM: the ranks ended, mpirun hangs without
     # reaping them, so they stay as zombies -- which are not running ranks.
