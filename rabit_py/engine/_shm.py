@@ -17,7 +17,14 @@ in chunks small enough to stay in cache; for each chunk, every rank owns the
 3. when every ``out`` flag is up, each rank copies the other parts from their
    owners' result areas.
 
-A rank writes its slot for the next chunk only after every ``out`` flag of
+With two ranks per node (the common case of this machine) a *direct* variant
+does less: each rank copies its whole chunk into one of two alternating
+buffers, raises one flag, and reduces the whole chunk itself from both
+buffers in rank order (both ranks compute the same bits); a buffer is
+overwritten only after the peer raised the flag of the next chunk, i.e.
+finished reading it.
+
+In the general variant, a rank writes its slot for the next chunk only after every ``out`` flag of
 the previous one is up (all reads of it are done), and its result area only
 after every ``in`` flag of the next one (all copies out of it are done), so
 two flags per chunk are the only synchronization. Every element is reduced
@@ -32,8 +39,9 @@ Across nodes (or pseudo-nodes of ``RABIT_NODE_SIZE`` ranks, to test it on one
 machine): each node reduces as above; the node leaders (node rank 0)
 allreduce the node sums over MPI; each leader broadcasts the result on its
 node. A custom reducer (``Op.create``) is called with whole arrays, never
-pieces: node rank 0 applies it to every rank's whole input in rank order in a
-window grown to fit, the others copy the result.
+pieces: node rank 0 applies it to every rank's whole input in rank order in
+an area of the segment grown to fit (collectively, when a larger array
+comes), the others copy the result.
 
 Waiting is spinning on the flags (yielding the CPU after a few hundred
 reads, so oversubscribed ranks still progress). A rank that dies while its
@@ -115,7 +123,7 @@ class NodeReducer:
         self._map: Optional[mmap.mmap] = None
         self._allocate(0)
 
-    # ------------------------------------------------------------ window
+    # ------------------------------------------------------------ segment
     def _allocate(self, custom_bytes: int) -> None:
         """(Re)map the segments: flags, slot, result, and ``custom_bytes`` for
         whole-array custom reductions. Collective on the node.
