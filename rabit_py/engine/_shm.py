@@ -63,7 +63,11 @@ import time
 from typing import Any, Callable, List, Optional
 
 import numpy as np
-from mpi4py import MPI
+
+from ._mpistart import singleton_without_libfabric
+
+with singleton_without_libfabric():
+    from mpi4py import MPI
 
 __all__ = ["NodeReducer", "UFUNCS", "SUPPORTED"]
 
