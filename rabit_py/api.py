@@ -12,6 +12,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
+from . import gpu
 from .config import Config
 from .engine.base import CheckpointResult, Engine, PrepareFn
 from .errors import NotInitializedError, RabitError
@@ -168,7 +169,10 @@ def allreduce(data: np.ndarray, op: OpLike,
         CollectiveTimeoutError: the call did not complete within ``timeout``.
         NotInitializedError: before ``init()``.
     """
-    return _current().allreduce(data, op, prepare_fun)
+    engine = _current()
+    if gpu.is_device_array(data):
+        return gpu.allreduce(engine, engine.config.gpu_backend, data, op, prepare_fun)
+    return engine.allreduce(data, op, prepare_fun)
 
 
 def broadcast(data: Any, root: int = 0) -> Any:
@@ -195,7 +199,10 @@ def broadcast(data: Any, root: int = 0) -> Any:
         CollectiveMismatchError, CollectiveTimeoutError, NotInitializedError:
             as for :func:`allreduce`.
     """
-    return _current().broadcast(data, root)
+    engine = _current()
+    if gpu.is_device_array(data):
+        return gpu.broadcast(engine, engine.config.gpu_backend, data, root)
+    return engine.broadcast(data, root)
 
 
 def allgather(data: np.ndarray) -> np.ndarray:
@@ -216,7 +223,10 @@ def allgather(data: np.ndarray) -> np.ndarray:
         CollectiveMismatchError, CollectiveTimeoutError, NotInitializedError:
             as for :func:`allreduce`.
     """
-    return _current().allgather(data)
+    engine = _current()
+    if gpu.is_device_array(data):
+        return gpu.allgather(engine, engine.config.gpu_backend, data)
+    return engine.allgather(data)
 
 
 def checkpoint(global_model: Any, local_model: Any = None) -> None:

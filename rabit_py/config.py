@@ -55,6 +55,9 @@ class Config:
         node_size: pretend that nodes hold this many consecutive ranks, to
             exercise the hierarchical path on one machine (``RABIT_NODE_SIZE``;
             0: the real nodes).
+        gpu_backend: how CuPy arrays are reduced: ``"auto"``, ``"staged"``
+            (through host memory) or ``"nccl"`` (not built yet)
+            (``RABIT_GPU_BACKEND``; see Note [device arrays] in ``rabit_py/gpu``).
     """
 
     engine: str = "auto"
@@ -70,6 +73,7 @@ class Config:
     shm: bool = True
     shm_min_bytes: int = 32 << 20
     node_size: int = 0
+    gpu_backend: str = "auto"
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -83,6 +87,8 @@ class Config:
         if isinstance(self.keep_checkpoints, bool) or not isinstance(self.keep_checkpoints, int) \
                 or self.keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints={self.keep_checkpoints!r} must be an integer >= 1")
+        if self.gpu_backend not in ("auto", "staged", "nccl"):
+            raise ValueError(f"gpu_backend={self.gpu_backend!r} is not one of auto, staged, nccl")
         if not isinstance(self.shm, bool):
             raise TypeError(f"shm={self.shm!r} must be a bool")
         for name in ("replicas", "max_recoveries", "restart_count", "shm_min_bytes",

@@ -29,6 +29,11 @@ class Engine(abc.ABC):
 
     @property
     @abc.abstractmethod
+    def config(self) -> Any:
+        """The job's settings (a :class:`rabit_py.config.Config`)."""
+
+    @property
+    @abc.abstractmethod
     def rank(self) -> int:
         """This process's rank in the job."""
 

@@ -150,6 +150,10 @@ class MpiEngine(Engine):
 
     # ------------------------------------------------------------------ info
     @property
+    def config(self) -> Config:
+        return self._config
+
+    @property
     def rank(self) -> int:
         return self._rank
 

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, as one short run for a lent device (well under
+# 5 minutes): CuPy present and a device visible, then tests/gpu (device
+# arrays through the staged backend in one process and on 2 ranks sharing
+# the GPU, torch's CUDA tensors refused clearly). Everything else runs on
+# the CPU in CI. Usage: scripts/gpu_check.sh  (from the repository root, in
+# an environment where `pip install -e ".[test,gpu]"` was run).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+echo "== device"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | head -5
+python - <<'PY'
+import cupy
+print("cupy", cupy.__version__, "devices", cupy.cuda.runtime.getDeviceCount())
+PY
+echo "== tests/gpu"
+timeout 300 python -m pytest tests/gpu -q -p no:cacheprovider -rs
