@@ -12,28 +12,11 @@ import pytest
 
 import rabit_py as rabit
 
+from ._fakes import FakeDeviceArray
 from .conftest import WORLD
 
 SIZE = WORLD.Get_size()
 RANK = WORLD.Get_rank()
-
-
-class FakeDeviceArray:
-    __module__ = "cupy._core.core"
-
-    def __init__(self, host):
-        self._host = np.array(host)
-        self.shape, self.dtype = self._host.shape, self._host.dtype
-
-    def get(self):
-        return self._host.copy()
-
-    def set(self, host):
-        assert host.shape == self.shape and host.dtype == self.dtype
-        self._host[...] = host
-
-    def fill(self, value):
-        self._host[...] = value
 
 
 @pytest.fixture

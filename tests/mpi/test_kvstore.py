@@ -12,6 +12,7 @@ from rabit_py.errors import CheckpointError, KVStoreError
 from rabit_py.kvstore import KVStore, create
 from rabit_py.optimizer import SGD, Adam
 
+from ._fakes import FakeDeviceArray
 from .conftest import WORLD, same_on_all_ranks
 
 SIZE = WORLD.Get_size()
@@ -276,27 +277,9 @@ def test_pull_waits_only_for_its_own_key(session):
         kv.close()
 
 
-class FakeCupyArray:
-    """Stands in for a CuPy array where no GPU is lent: the store must stage it
-    through host memory with .get() and .set(), as it does for real CuPy."""
-
-    __module__ = "cupy._core.core"
-
-    def __init__(self, host):
-        self._host = np.array(host)
-        self.shape, self.dtype = self._host.shape, self._host.dtype
-
-    def get(self):
-        return self._host.copy()
-
-    def set(self, host):
-        assert host.shape == self.shape and host.dtype == self.dtype
-        self._host[...] = host
-
-
 def test_device_arrays_are_staged_through_the_host(kv):
-    kv.init("g", FakeCupyArray(np.zeros(6)))
-    device = [FakeCupyArray(np.full(6, RANK + 1.0)), FakeCupyArray(np.ones(6))]
-    out = FakeCupyArray(np.empty(6))
+    kv.init("g", FakeDeviceArray(np.zeros(6)))
+    device = [FakeDeviceArray(np.full(6, RANK + 1.0)), FakeDeviceArray(np.ones(6))]
+    out = FakeDeviceArray(np.empty(6))
     kv.pushpull("g", device, out=out)
     np.testing.assert_array_equal(out.get(), np.full(6, SIZE * (SIZE + 1) / 2 + SIZE))

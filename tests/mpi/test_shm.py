@@ -12,7 +12,7 @@ from rabit_py import Op
 from rabit_py.engine.mpi import ulfm_enabled as rabit_ulfm
 
 from .conftest import WORLD, _engines, same_on_all_ranks
-from .test_collectives import CASES, NUMPY_OF, rank_input
+from .test_collectives import CASES, expected, rank_input
 
 SIZE = WORLD.Get_size()
 RANK = WORLD.Get_rank()
@@ -41,18 +41,6 @@ def hierarchical(node_size):
     return 0 < node_size < SIZE
 
 
-def reference(dtype, op, shape):
-    parts = [rank_input(r, dtype, op, shape) for r in range(SIZE)]
-    result = parts[0].copy()
-    for part in parts[1:]:
-        if np.dtype(dtype).kind == "b":
-            result = {Op.MAX: np.logical_or, Op.MIN: np.logical_and, Op.BITOR: np.logical_or,
-                      Op.BITAND: np.logical_and, Op.BITXOR: np.logical_xor}[op](result, part)
-        else:
-            result = NUMPY_OF[op](result, part).astype(dtype)
-    return result
-
-
 def test_shm_path_is_taken(shm_session):
     rabit.allreduce(np.ones(16), Op.SUM)
     reducer = rabit.api._engine._shm
@@ -67,7 +55,7 @@ def test_every_op_and_dtype_over_several_chunks(shm_session):
     for op, dtype in CASES:
         data = rank_input(RANK, dtype, op, SHAPE)
         assert rabit.allreduce(data, op) is data
-        want = reference(dtype, op, SHAPE)
+        want = expected(dtype, op, SHAPE)
         inexact = np.dtype(dtype).kind in "fc" and op in (Op.SUM, Op.PROD)
         if inexact and hierarchical(shm_session):
             # Node sums, then MPI among the leaders: another order than NumPy's.
