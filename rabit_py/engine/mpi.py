@@ -214,16 +214,17 @@ class MpiEngine(Engine):
         return not (isinstance(op, CustomOp) and not op.commute and self._shm.nodes > 1)
 
     def _allreduce_shm(self, data: np.ndarray, op: OpLike) -> None:
-        work = data                      # C-contiguous: check_allreduce refuses the rest
+        """``data`` is C-contiguous: check_allreduce refuses anything else."""
         reducer = self._shm
+        assert reducer is not None
         try:
             if isinstance(op, CustomOp):
                 reducer.allreduce_custom(
-                    work, op.fn, lambda leaders: self._allreduce_custom(work, op, leaders))
+                    data, op.fn, lambda leaders: self._allreduce_custom(data, op, leaders))
             else:
                 table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
-                reducer.allreduce(work.reshape(-1), UFUNCS[op], lambda leaders: leaders.Allreduce(
-                    MPI.IN_PLACE, work, op=table[op]))
+                reducer.allreduce(data.reshape(-1), UFUNCS[op], lambda leaders: leaders.Allreduce(
+                    MPI.IN_PLACE, data, op=table[op]))
         except MPI.Exception:
             # Peers on other nodes may wait in the leaders' or a node's
             # collective, which only a revoke interrupts; the reducer is
