@@ -44,6 +44,12 @@ class Config:
         log_level: level of the ``rabit_py`` logger (``RABIT_LOG_LEVEL``).
         replicas: extra copies of each rank's local model kept on its ring
             neighbours by the robust engine (``RABIT_REPLICAS``, default 1).
+        result_copies: ranks that keep each collective's result for replay:
+            0 (default) every rank, so any number of simultaneous failures is
+            recovered; k >= 2 spreads the results Rabit-style (result #s on
+            ranks s..s+k-1 modulo the world size, the latest on every rank), so
+            each rank copies k/n of them, and a failure is recovered unless all
+            k holders of a needed result die together (``RABIT_RESULT_COPIES``).
         max_recoveries: recoveries allowed in one job before the robust engine
             gives up with ``RecoveryError`` (``RABIT_MAX_RECOVERIES``, default 10).
         shm: reduce large arrays through shared memory between the ranks of a
@@ -69,6 +75,7 @@ class Config:
     restart_count: int = 0
     log_level: str = "WARNING"
     replicas: int = 1
+    result_copies: int = 0
     max_recoveries: int = 10
     shm: bool = True
     shm_min_bytes: int = 32 << 20
@@ -87,12 +94,16 @@ class Config:
         if isinstance(self.keep_checkpoints, bool) or not isinstance(self.keep_checkpoints, int) \
                 or self.keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints={self.keep_checkpoints!r} must be an integer >= 1")
+        if self.result_copies == 1:
+            raise ValueError("result_copies=1 would lose a result with the one rank that holds "
+                             "it; use 0 (every rank) or at least 2 (any single failure is "
+                             "recovered)")
         if self.gpu_backend not in ("auto", "staged", "nccl"):
             raise ValueError(f"gpu_backend={self.gpu_backend!r} is not one of auto, staged, nccl")
         if not isinstance(self.shm, bool):
             raise TypeError(f"shm={self.shm!r} must be a bool")
         for name in ("replicas", "max_recoveries", "restart_count", "shm_min_bytes",
-                     "node_size"):
+                     "node_size", "result_copies"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r} must be an integer >= 0")

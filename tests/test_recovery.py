@@ -187,3 +187,15 @@ def test_a_rank_dying_while_peers_wait_in_shared_memory(node_size, plan, killed)
     assert_recovered(out, starts, results, reference, killed)
     assert sorted(set(map(int, re.findall(r"rabit_py mock: rank (\d+) killed", out)))) == \
         sorted(killed)
+
+
+# ---------------------------------------------------------------- spread results
+@pytest.mark.parametrize("plan,killed", [
+    ("1,2,3,0", {1}),                     # the holders of #1 and #2 include rank 1
+    ("0,2,1,0;2,2,1,0", {0, 2}),          # two at once, not both holders of a result
+])
+def test_results_spread_over_two_ranks_still_recover(reference, plan, killed):
+    code, out, starts, results = run_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": plan,
+                                          "RABIT_RESULT_COPIES": "2"})
+    assert code == 0, out[-6000:]
+    assert_recovered(out, starts, results, reference, killed)

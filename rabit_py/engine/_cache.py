@@ -9,8 +9,15 @@ failures is covered. Epoch ``BOOT`` holds the calls made before the first
 broadcast at start-up); it is kept for the whole job. Other epochs are dropped
 when the next checkpoint commits.
 
+With ``result_copies`` = k >= 2 the results are spread instead, as Rabit
+does: result #s is kept by ranks s..s+k-1 (modulo the world size) and every
+rank keeps its latest result until its next call completes (a survivor still
+inside that call needs it), so any single failure, and any in which not all k
+holders of a needed result die, is recovered; the robust engine drops the
+others (``RobustEngine._thin``).
+
 Memory: the bytes of the results of the current version (plus the bootstrap
-calls), on every rank. Time: one copy of each result (arrays; broadcast
+calls), on every rank (k/n of them when spread). Time: one copy of each result (arrays; broadcast
 objects are kept as the pickled bytes already made). Arrays freed at a commit
 are reused for later results of the same size, so a training loop stops
 allocating after its first version.
@@ -79,17 +86,27 @@ class ResultCache:
         self._entries[key] = entry
         self.nbytes += _size(entry.payload)
 
+    def drop(self, key: Key) -> None:
+        """Forget one entry (if held), keeping its array for reuse."""
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.nbytes -= _size(entry.payload)
+            self._recycle(entry)
+
     def drop_epochs_before(self, epoch: int) -> None:
         """Forget every entry of an epoch < ``epoch`` except the bootstrap ones,
         keeping their arrays for reuse."""
         for key in [k for k in self._entries if k[0] != BOOT and k[0] < epoch]:
             entry = self._entries.pop(key)
             self.nbytes -= _size(entry.payload)
-            if isinstance(entry.payload, np.ndarray):
-                flat = entry.payload.reshape(-1)
-                spares = self._pool.setdefault((flat.size, flat.dtype.str), [])
-                if len(spares) < 64:
-                    spares.append(flat)
+            self._recycle(entry)
+
+    def _recycle(self, entry: Entry) -> None:
+        if isinstance(entry.payload, np.ndarray):
+            flat = entry.payload.reshape(-1)
+            spares = self._pool.setdefault((flat.size, flat.dtype.str), [])
+            if len(spares) < 64:
+                spares.append(flat)
 
 
 def _size(payload: Any) -> int:

@@ -101,6 +101,7 @@ class RobustEngine(MpiEngine):
         if replacement:
             comm.Free()
         self._cache = ResultCache()
+        self._last_cached: Optional[Key] = None
         self._backup = np.empty(0, dtype=np.uint8)
         self._epoch = BOOT
         self._recovering = replacement
@@ -135,6 +136,7 @@ class RobustEngine(MpiEngine):
             self._seqno = key[1]
             super(RobustEngine, self).allreduce(data, op, prepare_fun)
             self._cache.put_array(key, Kind.ALLREDUCE, signature, data)
+            self._thin(key)
             return data
 
         def serve(entry: Entry) -> np.ndarray:
@@ -156,6 +158,7 @@ class RobustEngine(MpiEngine):
             else:
                 self._cache.put_bytes(key, Kind.BROADCAST, signature,
                                       bytes(self._broadcast_payload or b""))
+            self._thin(key)
             return result
 
         def serve(entry: Entry) -> Any:
@@ -177,10 +180,22 @@ class RobustEngine(MpiEngine):
             self._seqno = key[1]
             result = super(RobustEngine, self).allgather(data)
             self._cache.put_array(key, Kind.ALLGATHER, signature, result)
+            self._thin(key)
             return result
 
         return self._call(Kind.ALLGATHER, key, signature, execute,
                           lambda entry: entry.payload.copy(), None)
+
+    def _thin(self, key: Key) -> None:
+        """Keep the result of ``key``; drop the previous call's unless this
+        rank is one of its holders (``result_copies``; Note [result cache])."""
+        previous, self._last_cached = self._last_cached, key
+        copies = self._config.result_copies
+        if (previous is None or previous == key or previous[0] == BOOT or copies == 0
+                or copies >= self._size):
+            return
+        if (previous[1] - self._rank) % self._size >= copies:
+            self._cache.drop(previous)
 
     def _backup_of(self, data: np.ndarray) -> np.ndarray:
         """A copy of ``data`` in a buffer reused from call to call (a fresh

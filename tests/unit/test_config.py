@@ -68,3 +68,9 @@ def test_shared_memory_settings():
         Config.from_env({"RABIT_NODE_SIZE": "two"})
     with pytest.raises(ValueError, match="shm_min_bytes=-1 must be an integer >= 0"):
         Config.from_env({}, shm_min_bytes=-1)
+
+
+def test_result_copies_must_survive_a_single_failure():
+    assert Config.from_env({"RABIT_RESULT_COPIES": "2"}).result_copies == 2
+    with pytest.raises(ValueError, match="result_copies=1 would lose a result"):
+        Config.from_env({}, result_copies=1)
