@@ -148,3 +148,16 @@ def test_a_late_rank_is_a_timeout_not_a_spin():
     finally:
         rabit.finalize()
     WORLD.Barrier()
+
+
+def test_custom_reducers_take_shared_memory_from_64_kib_by_default(session):
+    def add(a, b):
+        return a + b
+
+    small = np.full(1000, RANK + 1.0)                  # 8 KB: stays on MPI
+    rabit.allreduce(small, Op.create(add))
+    assert rabit.api._engine._shm is None
+    large = np.full(100_000, RANK + 1.0)               # 800 KB: shared memory
+    rabit.allreduce(large, Op.create(add))
+    assert (small == SIZE * (SIZE + 1) / 2).all() and (large == SIZE * (SIZE + 1) / 2).all()
+    assert (rabit.api._engine._shm is not None) == (SIZE > 1)
