@@ -58,7 +58,7 @@ class Config:
             (``RABIT_SHM_MIN_BYTES``, default 32 MiB: below it, where the data
             stays in cache, Open MPI's own allreduce was as fast or faster on
             the machines measured; smaller arrays stay on MPI). Custom
-            reducers take the path from 64 KiB (or this, if smaller).
+            reducers take the path from 256 KiB (or this, if smaller).
         node_size: pretend that nodes hold this many consecutive ranks, to
             exercise the hierarchical path on one machine (``RABIT_NODE_SIZE``;
             0: the real nodes).

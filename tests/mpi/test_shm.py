@@ -150,11 +150,11 @@ def test_a_late_rank_is_a_timeout_not_a_spin():
     WORLD.Barrier()
 
 
-def test_custom_reducers_take_shared_memory_from_64_kib_by_default(session):
+def test_custom_reducers_take_shared_memory_from_256_kib_by_default(session):
     def add(a, b):
         return a + b
 
-    small = np.full(1000, RANK + 1.0)                  # 8 KB: stays on MPI
+    small = np.full(10_000, RANK + 1.0)                # 80 KB: stays on MPI
     rabit.allreduce(small, Op.create(add))
     assert rabit.api._engine._shm is None
     large = np.full(100_000, RANK + 1.0)               # 800 KB: shared memory
