@@ -61,8 +61,8 @@ def test_bench_overlap_times_every_mode(tmp_path):
                               "0.01", "--json", str(out_json)), timeout=120)
     assert code == 0, out
     result = json.loads(out_json.read_text())
-    assert set(result["median"]) == {"no communication", "reduce after backward",
-                                     "bucketed overlap"}
+    assert set(result["median"]) == {"no communication", "reduce alone",
+                                     "reduce after backward", "bucketed overlap"}
     assert all(len(t) == 2 and min(t) > 0 for t in result["seconds"].values())
 
 
