@@ -4,8 +4,9 @@
 One folder per version, ``v00000042/``, holding
 
 - ``global.ckpt``: the global model, written by the leader (rank 0);
-- ``local-R.ckpt``: rank R's local model (a "none" payload when it has none),
-  written by rank R itself;
+- ``local-R.ckpt``: rank R's local model, written by rank R itself, in
+  versions that use local models (only the leader writes a version that does
+  not, so no rank lags behind in a folder the leader may prune);
 - ``MANIFEST.json``: world size, whether local models are used, written by the
   leader.
 
@@ -212,11 +213,15 @@ class DurableStore:
     def _write(self, version: int, global_blob: Optional[bytes], local_blob: Optional[bytes],
                uses_local: bool) -> None:
         folder = self.version_dir(version)
-        os.makedirs(folder, exist_ok=True)
-        write_file(os.path.join(folder, f"local-{self.rank}.ckpt"), local_blob,
-                   self.world_size, version)
+        if uses_local:
+            os.makedirs(folder, exist_ok=True)
+            write_file(os.path.join(folder, f"local-{self.rank}.ckpt"), local_blob,
+                       self.world_size, version)
         if self.rank != 0:
             return
+        # Without local models only the leader writes: no other rank can be
+        # left writing into a version that the leader has pruned already.
+        os.makedirs(folder, exist_ok=True)
         write_file(os.path.join(folder, "global.ckpt"), global_blob, self.world_size, version)
         manifest = {"format": FORMAT, "rabit_py": __version__, "version": version,
                     "world_size": self.world_size, "uses_local": uses_local}
@@ -228,17 +233,27 @@ class DurableStore:
         os.replace(tmp, os.path.join(folder, "MANIFEST.json"))
         _fsync_dir(folder)
         _fsync_dir(self.folder)
-        self._prune()
+        self.prune()
 
-    def _prune(self) -> None:
-        """Remove versions older than the newest ``keep`` complete ones."""
-        complete = [v for v in self.versions() if self._problem(v, local=False) is None]
+    def prune(self) -> None:
+        """Remove versions older than the newest ``keep`` complete ones. With
+        local models, complete means every rank's local file is there too: a
+        rank writes its versions in order, so once it wrote a newer one it is
+        done with the older ones, and none is removed under a slower rank."""
+        complete = [v for v in self.versions() if self._problem(v, local=self._uses_local(v))
+                    is None]
         if len(complete) < self.keep:
             return
         oldest_kept = complete[-self.keep]
         for v in self.versions():
             if v < oldest_kept:
                 shutil.rmtree(self.version_dir(v), ignore_errors=True)
+
+    def _uses_local(self, version: int) -> bool:
+        try:
+            return bool(self._manifest(version)["uses_local"])
+        except (CheckpointError, KeyError):
+            return False
 
     # ------------------------------------------------------------ reading
     def versions(self) -> List[int]:

@@ -460,6 +460,8 @@ class MpiEngine(Engine):
             if self._broken is None:
                 self._finalize_sync()
                 self._clean_exit = store_error is None
+                if self._store is not None and store_error is None:
+                    self._final_prune()
         finally:
             self._finalized = True
             atexit.unregister(self._at_exit)
@@ -472,6 +474,17 @@ class MpiEngine(Engine):
                 self._ctrl.Free()
         if store_error is not None:
             raise store_error
+
+    def _final_prune(self) -> None:
+        """Every rank has written its last version: the leader can now drop
+        the versions that the last ones make obsolete (while ranks were still
+        writing, a version with local models was not complete yet)."""
+        try:
+            self._comm.Barrier()
+        except MPI.Exception:
+            return                          # a peer is gone: leave the folder as it is
+        if self._rank == 0:
+            self._store.prune()
 
     def _at_exit(self) -> None:
         if self._finalized or self._broken is not None:

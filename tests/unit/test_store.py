@@ -32,6 +32,23 @@ def test_versions_round_trip_and_old_ones_are_pruned(tmp_path):
     assert not [n for n in os.listdir(tmp_path / "v00000003") if ".tmp-" in n]
 
 
+def test_no_version_is_pruned_under_a_rank_still_writing(tmp_path):
+    leader, slow = stores(tmp_path)
+    save_versions([leader], [1, 2, 3, 4])         # rank 1 has written nothing yet
+    assert leader.versions() == [1, 2, 3, 4]      # none complete without local-1
+    save_versions([slow], [1, 2, 3, 4])           # the slow rank catches up, in order
+    leader.prune()
+    assert leader.versions() == [3, 4]
+    assert slow.newest_loadable() == 4 and slow.load(4)[1] == b"local 1 v4"
+    # Without local models only the leader writes: nothing for a slow rank to race.
+    other = tmp_path / "global-only"
+    leader, slow = stores(other)
+    save_versions([slow], [1, 2], with_local=False)
+    assert not other.exists() or leader.versions() == []
+    save_versions([leader], [1, 2, 3], with_local=False)
+    assert leader.versions() == [2, 3] and slow.newest_loadable() == 3
+
+
 def test_a_corrupt_global_file_falls_back_with_a_warning(tmp_path, caplog):
     ranks = stores(tmp_path)
     save_versions(ranks, [1, 2])
