@@ -143,13 +143,11 @@ def test_mismatch_after_recovery_is_reported():
 
 
 def test_uncaught_exception_aborts_with_traceback():
-    start = time.monotonic()
     code, out, _, results = run_job({"RABIT_ENGINE": "robust"}, "--raise-at", "2")
     assert code != 0
     assert "RuntimeError: a bug in round 2 on rank 1" in out
     assert "rank 1: uncaught RuntimeError; aborting the job" in out
     assert results == []
-    assert time.monotonic() - start < 60
 
 
 def test_local_model_lost_with_its_replicas():

