@@ -240,8 +240,7 @@ class DurableStore:
         local models, complete means every rank's local file is there too: a
         rank writes its versions in order, so once it wrote a newer one it is
         done with the older ones, and none is removed under a slower rank."""
-        complete = [v for v in self.versions() if self._problem(v, local=self._uses_local(v))
-                    is None]
+        complete = [v for v in self.versions() if self._complete(v)]
         if len(complete) < self.keep:
             return
         oldest_kept = complete[-self.keep]
@@ -249,11 +248,17 @@ class DurableStore:
             if v < oldest_kept:
                 shutil.rmtree(self.version_dir(v), ignore_errors=True)
 
-    def _uses_local(self, version: int) -> bool:
-        try:
-            return bool(self._manifest(version)["uses_local"])
-        except (CheckpointError, KeyError):
+    def _complete(self, version: int) -> bool:
+        """For pruning: the manifest and a valid global file, and (with local
+        models) every rank's local file present — renamed into place only once
+        written, so presence is enough; loading checks them fully."""
+        if self._problem(version, local=False) is not None:
             return False
+        manifest = self._manifest(version)
+        folder = self.version_dir(version)
+        return not manifest["uses_local"] or all(
+            os.path.exists(os.path.join(folder, f"local-{r}.ckpt"))
+            for r in range(manifest["world_size"]))
 
     # ------------------------------------------------------------ reading
     def versions(self) -> List[int]:

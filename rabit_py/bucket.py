@@ -183,10 +183,6 @@ class GradientBucketer:
         if self._on_reduced is not None:
             self._on_reduced(bucket)
 
-    def bucket_of(self, index: int) -> int:
-        """The bucket (position in reduction order) that holds parameter ``index``."""
-        return self._bucket_of[index]
-
     def wait_for(self, index: int) -> np.ndarray:
         """Wait until the bucket of parameter ``index`` is reduced (and its
         ``on_reduced`` ran); returns the parameter's summed gradient (a view,

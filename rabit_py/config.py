@@ -13,6 +13,8 @@ import os
 import warnings
 from typing import Any, Mapping, Optional
 
+from .gpu import BACKENDS as GPU_BACKENDS
+
 __all__ = ["Config", "ENGINES"]
 
 ENGINES = ("auto", "mpi", "robust", "mock")
@@ -99,8 +101,9 @@ class Config:
             raise ValueError("result_copies=1 would lose a result with the one rank that holds "
                              "it; use 0 (every rank) or at least 2 (any single failure is "
                              "recovered)")
-        if self.gpu_backend not in ("auto", "staged", "nccl"):
-            raise ValueError(f"gpu_backend={self.gpu_backend!r} is not one of auto, staged, nccl")
+        if self.gpu_backend not in GPU_BACKENDS:
+            raise ValueError(f"gpu_backend={self.gpu_backend!r} is not one of "
+                             f"{', '.join(GPU_BACKENDS)}")
         if not isinstance(self.shm, bool):
             raise TypeError(f"shm={self.shm!r} must be a bool")
         for name in ("replicas", "max_recoveries", "restart_count", "shm_min_bytes",

@@ -52,6 +52,7 @@ import numpy as np
 from . import api
 from .bucket import GradientBucketer
 from .errors import CheckpointError, KVStoreError, NotInitializedError
+from .gpu import is_device_array, to_host
 from .ops import Op
 from .optimizer import Optimizer, Updater
 
@@ -208,7 +209,7 @@ class KVStore:
         for k, v in zip(keys, values):
             if isinstance(v, (list, tuple)):
                 raise TypeError(f"init of key {k!r}: give one array, not a list")
-            arrays.append(np.ascontiguousarray(_to_host(v)))
+            arrays.append(np.ascontiguousarray(to_host(v)))
         self.wait_all()
         received = api.broadcast(arrays if self.rank == 0 else None, root=0)
         for k, v in zip(keys, received):
@@ -496,7 +497,7 @@ class KVStore:
             raise ValueError(f"push of key {key!r}: an empty list of values")
         total: Optional[np.ndarray] = None
         for part in parts:
-            array = np.asarray(_to_host(part))
+            array = np.asarray(to_host(part))
             if array.shape != stored.shape or array.dtype != stored.dtype:
                 raise KVStoreError(f"rank {self.rank}: push of key {key!r} with shape "
                                    f"{array.shape} and dtype {array.dtype}, but the key holds "
@@ -596,7 +597,7 @@ class KVStore:
             if tuple(target.shape) != value.shape:
                 raise KVStoreError(f"rank {self.rank}: pull of key {key!r} into an array of "
                                    f"shape {tuple(target.shape)}; the key holds {value.shape}")
-            if _is_cupy(target):
+            if is_device_array(target):
                 target.set(value.astype(target.dtype, copy=False))
             else:
                 np.copyto(target, value, casting="same_kind")
@@ -617,13 +618,3 @@ def _check_key(key: Any) -> Key:
     if isinstance(key, str):
         return key
     raise TypeError(f"key {key!r} is a {type(key).__name__}: keys are ints or strings")
-
-
-def _is_cupy(array: Any) -> bool:
-    return type(array).__module__.split(".")[0] == "cupy"
-
-
-def _to_host(value: Any) -> Any:
-    """CuPy arrays are staged through host memory (the NCCL path is the bucketer's job)."""
-    return value.get() if _is_cupy(value) else value
-

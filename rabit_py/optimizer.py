@@ -50,7 +50,7 @@ class Optimizer:
 
     def config(self) -> Dict[str, Any]:
         """The optimizer's name and hyper-parameters (saved with its states)."""
-        return {"name": type(self).__name__.lower(), **{k: v for k, v in vars(self).items()}}
+        return {"name": type(self).__name__.lower(), **vars(self)}
 
     def create_state(self, key: Hashable, weight: np.ndarray) -> Any:
         """The initial state of ``key`` (None when stateless)."""

@@ -1,4 +1,5 @@
-"""How MPI starts in a process that no launcher started."""
+"""Where rabit_py starts MPI: every engine module imports ``MPI`` from here,
+so the choice below applies whichever module is imported first."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import sys
 from typing import Iterator
 
-__all__ = ["singleton_without_libfabric"]
+__all__ = ["MPI", "singleton_without_libfabric"]
 
 _LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
 
@@ -29,3 +30,7 @@ def singleton_without_libfabric() -> Iterator[None]:
     finally:
         if here:
             os.environ.pop("OMPI_MCA_btl", None)
+
+
+with singleton_without_libfabric():
+    from mpi4py import MPI  # noqa: E402 - MPI starts here (mpi4py initializes it on import)

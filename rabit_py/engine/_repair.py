@@ -28,10 +28,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ._mpistart import singleton_without_libfabric
-
-with singleton_without_libfabric():
-    from mpi4py import MPI
+from ._mpistart import MPI
 
 from ..errors import RecoveryError
 

@@ -64,10 +64,7 @@ from typing import Any, Callable, List, Optional
 
 import numpy as np
 
-from ._mpistart import singleton_without_libfabric
-
-with singleton_without_libfabric():
-    from mpi4py import MPI
+from ._mpistart import MPI
 
 __all__ = ["NodeReducer", "UFUNCS", "SUPPORTED"]
 

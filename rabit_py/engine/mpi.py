@@ -20,10 +20,7 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from ._mpistart import singleton_without_libfabric
-
-with singleton_without_libfabric():
-    from mpi4py import MPI            # MPI starts here (mpi4py initializes it on import)
+from ._mpistart import MPI
 
 from mpi4py.util.dtlib import from_numpy_dtype
 

@@ -40,10 +40,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ._mpistart import singleton_without_libfabric
-
-with singleton_without_libfabric():
-    from mpi4py import MPI
+from ._mpistart import MPI
 
 from .._checkpoint import deserialize, serialize
 from ..config import Config

@@ -25,14 +25,21 @@ import numpy as np
 
 from ..errors import RabitError
 
-__all__ = ["is_device_array", "allreduce", "broadcast", "allgather", "BACKENDS"]
+__all__ = ["is_device_array", "to_host", "allreduce", "broadcast", "allgather", "BACKENDS"]
 
 BACKENDS = ("auto", "staged", "nccl")
 
 
 def is_device_array(data: Any) -> bool:
-    """Whether ``data`` is a CuPy array (checked without importing CuPy)."""
-    return type(data).__module__.split(".")[0] == "cupy"
+    """Whether ``data`` is a CuPy array (checked without importing CuPy; on
+    every collective call, so kept cheap)."""
+    module = type(data).__module__
+    return module.startswith("cupy") and (len(module) == 4 or module[4] == ".")
+
+
+def to_host(data: Any) -> Any:
+    """A device array's host copy (``.get()``); anything else as it is."""
+    return data.get() if is_device_array(data) else data
 
 
 def _staged(backend: str, rank: int) -> None:
@@ -65,7 +72,7 @@ def broadcast(engine: Any, backend: str, data: Any, root: int) -> Any:
     root's device array is sent; a rank that passes a device array of the same
     shape and dtype receives in place, others get what the engine returns."""
     _staged(backend, engine.rank)
-    host = data.get() if is_device_array(data) else data
+    host = to_host(data)
     result = engine.broadcast(host, root)
     if is_device_array(data) and isinstance(result, np.ndarray) \
             and result.shape == tuple(data.shape) and result.dtype == data.dtype:
