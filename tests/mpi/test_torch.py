@@ -126,6 +126,3 @@ def test_training_matches_one_process_on_all_the_data(session_torch):
 def test_bad_use(session_torch):
     with pytest.raises(TypeError, match="DistributedModule"):
         rt.DistributedOptimizer(torch.optim.SGD(Net().parameters(), lr=0.1), Net())
-    sparse = torch.nn.Embedding(3, 2, sparse=True)
-    model = rt.DistributedModule(sparse)        # parameters are dense; gradients sparse
-    model.close()
