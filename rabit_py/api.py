@@ -76,6 +76,11 @@ def _make_engine(cfg: Config, comm: Optional[Any]) -> Engine:
         name = "robust" if (ulfm_enabled() or is_replacement()) else "mpi"
         log.debug("engine='auto' chose %r (MPI fault tolerance %s)", name,
                   "on" if ulfm_enabled() else "off")
+    if cfg.spares and name == "mpi":
+        raise RabitError(
+            f"RABIT_SPARES={cfg.spares}: spares replace failed ranks, which only the robust "
+            f"engine does; launch the job with fault tolerance (`rabit-run --spares "
+            f"{cfg.spares} -n N python ...`) or set RABIT_SPARES=0")
     if name == "mock":
         from .engine.mock import MockEngine
         return MockEngine(cfg, comm)

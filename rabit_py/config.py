@@ -64,6 +64,12 @@ class Config:
         node_size: pretend that nodes hold this many consecutive ranks, to
             exercise the hierarchical path on one machine (``RABIT_NODE_SIZE``;
             0: the real nodes).
+        spares: processes of the job kept waiting, MPI and the program already
+            started, to take a dead rank's place faster than spawning a new one
+            (``RABIT_SPARES``, default 0; ``rabit-run --spares k`` starts n + k
+            processes and sets it). The last ``spares`` processes of
+            ``MPI.COMM_WORLD`` wait inside ``init()``; the job's world size is
+            the rest. Robust engine only (Note [spares] in ``engine/_spares.py``).
         gpu_backend: how CuPy arrays are reduced: ``"auto"``, ``"staged"``
             (through host memory) or ``"nccl"`` (not built yet)
             (``RABIT_GPU_BACKEND``; see Note [device arrays] in ``rabit_py/gpu``).
@@ -83,6 +89,7 @@ class Config:
     shm: bool = True
     shm_min_bytes: int = 32 << 20
     node_size: int = 0
+    spares: int = 0
     gpu_backend: str = "auto"
 
     def __post_init__(self) -> None:
@@ -107,7 +114,7 @@ class Config:
         if not isinstance(self.shm, bool):
             raise TypeError(f"shm={self.shm!r} must be a bool")
         for name in ("replicas", "max_recoveries", "restart_count", "shm_min_bytes",
-                     "node_size", "result_copies"):
+                     "node_size", "result_copies", "spares"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r} must be an integer >= 0")

@@ -15,6 +15,9 @@ that in-job recovery could not replace) is started again, up to N times with
 a growing delay; the program sees the attempt number in
 ``RABIT_RESTART_COUNT`` and, with ``--checkpoint-dir D`` (or
 ``RABIT_CHECKPOINT_DIR``), resumes from the newest durable checkpoint there.
+
+With ``--spares k``, ``k`` more processes are started; they wait inside
+``init()`` and take the place of ranks that die (Note [spares]).
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ def split_args(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
         cut = argv.index("--")
         return argv[:cut], argv[cut + 1:]
     takes_value = {"-n", "-np", "--np", "-c", "--mpirun", "--max-restarts", "--checkpoint-dir",
+                   "--spares",
                    "--restart-delay", "--launcher", "--hostfile", "--machinefile", "--host",
                    "-H"}
     takes_two = {"--mca", "-mca", "--gmca", "-gmca"}     # --mca NAME VALUE
@@ -138,6 +142,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="start a failed job again up to this many times (default 0)")
     parser.add_argument("--checkpoint-dir",
                         help="durable checkpoint folder (sets RABIT_CHECKPOINT_DIR for the job)")
+    parser.add_argument("--spares", type=int, default=0,
+                        help="start this many spare processes besides the N ranks: they "
+                             "wait, already started, to replace a rank that dies (faster "
+                             "in-job recovery; sets RABIT_SPARES)")
     parser.add_argument("--restart-delay", type=float, default=1.0,
                         help="seconds before the first restart, doubled each time (max 30)")
     return parser
@@ -166,6 +174,11 @@ def build_command(argv: Sequence[str], is_root: Optional[bool] = None,
                      "allocation)")
     if args.np < 1:
         parser.error(f"-n {args.np}: need at least one rank")
+    if args.spares < 0:
+        parser.error(f"--spares {args.spares}: must be >= 0")
+    if args.spares and (args.no_ft or args.launcher == "srun"):
+        parser.error("--spares needs in-job recovery, which --no-ft and --launcher srun "
+                     "turn off")
     if args.launcher == "srun":
         srun = shutil.which("srun")
         if srun is None:
@@ -176,11 +189,16 @@ def build_command(argv: Sequence[str], is_root: Optional[bool] = None,
         is_root = os.geteuid() == 0
     if open_mpi_5 is None:
         open_mpi_5 = not args.no_ft and _is_open_mpi_5(mpirun)
-    cmd = [mpirun, "-n", str(args.np), "--oversubscribe"]
+    cmd = [mpirun, "-n", str(args.np + args.spares), "--oversubscribe"]
     if is_root:
         cmd.append("--allow-run-as-root")
     if open_mpi_5 and not args.no_ft:
         cmd += ["--with-ft", "ulfm"]
+    if args.spares:
+        if not open_mpi_5:
+            parser.error("--spares needs in-job recovery, which needs Open MPI 5 (--with-ft "
+                         "ulfm); this mpirun is not")
+        cmd += ["-x", f"RABIT_SPARES={args.spares}"]   # -x reaches other nodes too
     if open_mpi_5 and not args.no_ft and _one_node(passthrough) and not _sets_btl(passthrough):
         # The libfabric BTL spends about a second in MPI_Init where there is
         # no libfabric network, in every rank and in every replacement that

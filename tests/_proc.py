@@ -10,9 +10,11 @@ from typing import List, Optional, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def rabit_run(n: int, *program: str) -> List[str]:
-    """The command that starts ``program`` on ``n`` ranks with rabit-run."""
-    return [sys.executable, "-m", "rabit_py.launcher", "-n", str(n), "--", *program]
+def rabit_run(n: int, *program: str, spares: int = 0) -> List[str]:
+    """The command that starts ``program`` on ``n`` ranks (and ``spares``
+    spare processes) with rabit-run."""
+    return [sys.executable, "-m", "rabit_py.launcher", "-n", str(n),
+            *(["--spares", str(spares)] if spares else []), "--", *program]
 
 
 def run(cmd: List[str], timeout: float, env: Optional[dict] = None) -> Tuple[int, str]:

@@ -25,11 +25,11 @@ def parse(out: str, tag: str) -> list:
             if line.startswith(tag + " ")]
 
 
-def run_job(env: dict, *args: str, timeout: float = 120) -> tuple:
+def run_job(env: dict, *args: str, timeout: float = 120, spares: int = 0) -> tuple:
     # A short collective timeout: a stuck job ends with a message well before
     # the test's own timeout.
     env = {"RABIT_TIMEOUT": "45", **env}
-    code, out = run(rabit_run(RANKS, *PROGRAM, *args), timeout=timeout, env=env)
+    code, out = run(rabit_run(RANKS, *PROGRAM, *args, spares=spares), timeout=timeout, env=env)
     return code, out, parse(out, "START"), parse(out, "RESULT")
 
 
@@ -197,3 +197,53 @@ def test_results_spread_over_two_ranks_still_recover(reference, plan, killed):
                                           "RABIT_RESULT_COPIES": "2"})
     assert code == 0, out[-6000:]
     assert_recovered(out, starts, results, reference, killed)
+
+
+# ---------------------------------------------------------------- spares
+def test_unused_spares_are_released(reference):
+    code, out, starts, results = run_job({"RABIT_ENGINE": "robust"}, spares=2)
+    assert code == 0, out[-6000:]
+    assert len(starts) == RANKS and {s["joined"] for s in starts} == {"start"}, out[-6000:]
+    assert_recovered(out, starts, results, reference, set())
+
+
+@pytest.mark.parametrize("spares,plan,killed,joined", [
+    (1, "1,2,1,0", {1}, {1: "spare"}),
+    (1, "2,2,4,0", {2}, {2: "spare"}),                      # in a checkpoint
+    # two at once, one spare: the other is spawned (and joins the pool)
+    (1, "0,2,1,0;2,2,1,0", {0, 2}, {0: "spare", 2: "spawned"}),
+    # the spare that took rank 1 dies too: the second spare takes it
+    (2, "1,1,1,0;1,1,3,1", {1}, {1: "spare"}),
+    # one spare, two failures at different versions: a spare, then a spawn
+    (1, "2,1,2,0;3,4,3,0", {2, 3}, {2: "spare", 3: "spawned"}),
+])
+def test_a_spare_takes_the_place_of_a_killed_rank(reference, spares, plan, killed, joined):
+    code, out, starts, results = run_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": plan},
+                                         spares=spares)
+    assert code == 0, out[-6000:]
+    assert_recovered(out, starts, results, reference, killed)
+    assert {r["rank"]: r["joined"] for r in results if r["rank"] in killed} == joined
+    for r in results:
+        if r["rank"] in killed:
+            version, seqno = _last_kill(plan, r["rank"])
+            start = version if seqno == 0 else version + 1
+            assert r["prepared"] == list(range(start, 6)), (plan, r)
+
+
+def test_spares_are_told_when_the_job_cannot_be_recovered():
+    # Ranks 1 and 2 die together: rank 1's only replica lived on rank 2. The
+    # spares must end too, not wait for a rebuild that never comes.
+    code, out, _, results = run_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,2,1,0;2,2,1,0"},
+                                    spares=2)
+    assert code != 0 and results == []
+    errors = parse(out, "RECOVERY_ERROR")
+    assert errors and all("local model of rank 1 at version 2 is lost" in e["message"]
+                          for e in errors), out[-6000:]
+    assert out.count("the job cannot be recovered") == 2, out[-6000:]
+
+
+def test_spares_need_the_robust_engine():
+    code, out = run([sys.executable, "-c", "import rabit_py as r; r.init(engine='mpi')"],
+                    timeout=60, env={"RABIT_SPARES": "1"})
+    assert code != 0
+    assert "RABIT_SPARES=1: spares replace failed ranks, which only the robust engine" in out

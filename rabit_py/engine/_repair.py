@@ -45,6 +45,9 @@ class JoinState:
     dead: List[int]                  # old ranks being replaced, in spawn order
     trials: Dict[int, int]           # rank -> times it has been replaced
     recoveries: int                  # recoveries so far in this job
+    # With spares (Note [spares]): the ranks taken by spawned processes, the
+    # rest of ``dead`` being taken by spares; None without spares.
+    spawned: Optional[List[int]] = None
 
 
 @dataclasses.dataclass
@@ -78,7 +81,8 @@ def _spawn_info() -> "MPI.Info":
 
 def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
            make_state: Any, times: RepairTimes, max_attempts: int = 10,
-           check_dead: Optional[Callable[["MPI.Intracomm", List[int]], None]] = None
+           check_dead: Optional[Callable[["MPI.Intracomm", List[int]], None]] = None,
+           pool: Any = None, give_up: Optional[str] = None
            ) -> Tuple["MPI.Intracomm", List[int]]:
     """Survivor side of Note [repair].
 
@@ -91,6 +95,10 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
         check_dead: ``check_dead(shrunk, dead)``, called by every survivor
             (collectively on the shrunk communicator) before spawning; raises
             ``RecoveryError`` when the dead ranks cannot be recovered.
+        pool: the job's :class:`~rabit_py.engine._spares.SparePool` when it
+            has spares: dead ranks are replaced from it (Note [spares]).
+        give_up: with a pool, a reason not to recover (the spares are told it
+            before everyone raises ``RecoveryError``).
 
     Returns:
         The repaired communicator (size ``size``, this process at ``my_rank``)
@@ -125,6 +133,16 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
                 new.Set_errhandler(MPI.ERRORS_RETURN)
                 shrunk.Free()
                 return new, replaced
+            if pool is not None:
+                lost = give_up
+                if lost is None and check_dead is not None:
+                    try:
+                        check_dead(shrunk, dead)
+                    except RecoveryError as exc:
+                        lost = str(exc)   # the spares must hear it too
+                new, replaced_now, _ = pool.repair(my_rank, size, make_state, lost, times)
+                _free(shrunk)
+                return new, replaced + replaced_now
             if check_dead is not None:
                 check_dead(shrunk, dead)
             t0 = time.perf_counter()
@@ -165,11 +183,12 @@ def is_replacement() -> bool:
     return MPI.Comm.Get_parent() != MPI.COMM_NULL
 
 
-def join_as_replacement() -> Tuple["MPI.Intracomm", int, JoinState]:
+def join_as_replacement() -> Tuple["MPI.Intracomm", int, JoinState, Any]:
     """Replacement side of Note [repair].
 
     Returns:
-        The job's communicator, this process's rank in it, and the join state.
+        The job's communicator, this process's rank in it, the join state, and
+        the job's spare pool (None when the job has no spares).
     """
     try:
         parent = MPI.Comm.Get_parent()
@@ -177,11 +196,17 @@ def join_as_replacement() -> Tuple["MPI.Intracomm", int, JoinState]:
         merged = parent.Merge(high=True)
         merged.Set_errhandler(MPI.ERRORS_RETURN)
         state: JoinState = merged.bcast(None, root=0)
-        my_rank = state.dead[merged.Get_rank() - parent.Get_remote_size()]
+        index = merged.Get_rank() - parent.Get_remote_size()
+        if state.spawned is not None:
+            from ._spares import join_pool_as_spawned
+            my_rank = state.spawned[index]
+            comm, pool = join_pool_as_spawned(merged, my_rank)
+            return comm, my_rank, state, pool
+        my_rank = state.dead[index]
         comm = merged.Split(0, key=my_rank)
         comm.Set_errhandler(MPI.ERRORS_RETURN)
         _free(merged)
-        return comm, my_rank, state
+        return comm, my_rank, state, None
     except MPI.Exception as exc:
         sys.stderr.write(f"rabit_py: a replacement could not join the job ({exc}); "
                          f"ending it so that the survivors replace it again\n")

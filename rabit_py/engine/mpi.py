@@ -661,14 +661,16 @@ def _abort_init(comm: Any, rank: int, timeout: float) -> None:
     abort_job(comm, rank)
 
 
-def abort_job(comm: Any, rank: int, code: int = 1, fallback_s: float = 10.0) -> None:
+def abort_job(comm: Any, rank: Optional[int], code: int = 1, fallback_s: float = 10.0) -> None:
     """``MPI_Abort`` on ``comm``, made sure to end this process.
 
     With ULFM, ``MPI_Abort`` can block for good when the job is recovering or
     already revoked (seen in CI); the process then ends itself after
     ``fallback_s`` seconds, leaving rabit-run a ``rank-R.failed`` mark first
-    (``os._exit`` skips the atexit hook that writes it)."""
-    _report_exit(rank, False)
+    (``os._exit`` skips the atexit hook that writes it); ``rank`` None (a
+    spare, which has no rank) leaves none."""
+    if rank is not None:
+        _report_exit(rank, False)
     timer = threading.Timer(fallback_s, os._exit, (code,))
     timer.daemon = True
     timer.start()

@@ -33,6 +33,7 @@ peer that dies at the very end is replaced and replays up to it.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
 import time
@@ -50,6 +51,7 @@ from ..ops import OpLike, op_code
 from ._cache import BOOT, Entry, ResultCache
 from ._repair import JoinState, RepairTimes, is_replacement, join_as_replacement, repair
 from ._signature import Kind
+from ._spares import SparePool, exit_released
 from ._validate import check_allreduce
 from ._watchdog import FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, Watchdog
 from .base import CheckpointResult, PrepareFn
@@ -87,16 +89,33 @@ class RobustEngine(MpiEngine):
     def __init__(self, config: Config, comm: Optional[Any] = None) -> None:
         replacement = comm is None and is_replacement()
         state: Optional[JoinState] = None
+        pool: Optional[SparePool] = None
+        owned = replacement
         if replacement:
-            comm, _, state = join_as_replacement()
+            comm, _, state, pool = join_as_replacement()
         elif not ulfm_enabled():
             raise RabitError(
                 "engine='robust' needs MPI fault tolerance, which this job was started "
                 "without: launch it with `rabit-run -n N python ...` or `mpirun --with-ft "
                 "ulfm ...`, or use engine='mpi' (no recovery)")
+        elif config.spares:
+            if comm is not None:
+                raise ValueError("spares (RABIT_SPARES) are taken from MPI.COMM_WORLD: they "
+                                 "cannot be used with init(comm=...)")
+            pool, comm = SparePool.start(config.spares)
+            owned = True
+            if comm is None:
+                comm, state = _serve_as_spare(pool, config)
+                replacement = True
+        #: how this process joined: "start", "spare" or "spawned" (for the tests).
+        self.joined_as = ("start" if not replacement
+                          else "spawned" if is_replacement() else "spare")
         super().__init__(config, comm)
-        if replacement:
+        if owned:
             comm.Free()
+        self._pool = pool
+        if pool is not None:
+            atexit.register(self._release_spares)
         self._cache = ResultCache()
         self._last_cached: Optional[Key] = None
         self._backup = np.empty(0, dtype=np.uint8)
@@ -264,7 +283,17 @@ class RobustEngine(MpiEngine):
     def finalize(self) -> None:
         if not self._finalized and self._broken is None:
             self._before_call(self._seqno)
-        super().finalize()
+        try:
+            super().finalize()
+        finally:
+            self._release_spares()
+
+    def _release_spares(self) -> None:
+        """The job is over for this rank: the spares need not wait for it."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.release()
+            pool.free()
 
     def _finalize_sync(self) -> None:
         def execute() -> None:
@@ -477,11 +506,14 @@ class RobustEngine(MpiEngine):
     def _recover(self) -> None:
         """Repair the communicator and enter recovery mode (Note [repair])."""
         self._recoveries += 1
+        give_up = None
         if self._recoveries > self._config.max_recoveries:
-            self._broken = (
-                f"rank {self._rank}: {self._recoveries - 1} recoveries already in this job "
-                f"(RABIT_MAX_RECOVERIES={self._config.max_recoveries}); giving up")
-            raise RecoveryError(self._broken)
+            give_up = (f"rank {self._rank}: {self._recoveries - 1} recoveries already in this "
+                       f"job (RABIT_MAX_RECOVERIES={self._config.max_recoveries}); giving up")
+            if self._pool is None:
+                self._broken = give_up
+                raise RecoveryError(give_up)
+            # With spares, they are waiting to rebuild: they must hear it too.
         start = time.perf_counter()
         self.recovery_log.append({"detected": time.time()})
 
@@ -501,7 +533,11 @@ class RobustEngine(MpiEngine):
             guard.enter("repair")
         try:
             new, replaced = repair(self._comm, self._rank, self._size, make_state,
-                                   self.repair_times, check_dead=self._check_dead)
+                                   self.repair_times, check_dead=self._check_dead,
+                                   pool=self._pool, give_up=give_up)
+        except RecoveryError as exc:
+            self._broken = self._broken or str(exc)
+            raise
         finally:
             if guard is not None:
                 guard.leave()
@@ -522,3 +558,43 @@ class RobustEngine(MpiEngine):
                     replaced, time.perf_counter() - start)
 
 
+
+
+def _serve_as_spare(pool: SparePool, config: Config) -> Tuple[Any, JoinState]:
+    """A spare's life inside ``init()`` (Note [spares] in ``_spares.py``): wait;
+    after a worker died, rebuild with the survivors; return (job
+    communicator, join state) once this spare took a dead rank's place. A
+    released spare, or one told that the job is lost, ends the process."""
+    me = pool.pool.Get_rank()
+    log.debug("spare (pool rank %d): waiting to replace a failed rank", me)
+    while True:
+        if not pool.wait_for_failure():
+            pool.free()
+            exit_released(me)
+        # Like a survivor's repair, a rebuild that hangs must not hang the job.
+        guard = (Watchdog(config.timeout, lambda _: _abort_spare(me, config.timeout))
+                 if config.timeout > 0 else None)
+        if guard is not None:
+            guard.enter("rebuild")
+        try:
+            joined = pool.rebuild_as_spare()
+        except RecoveryError as exc:
+            sys.stderr.write(f"rabit_py: spare (pool rank {me}): the job cannot be recovered "
+                             f"({exc}); this spare ends\n")
+            sys.stderr.flush()
+            sys.exit(1)
+        finally:
+            if guard is not None:
+                guard.leave()
+                guard.stop()
+        if joined is not None:
+            comm, rank, state = joined
+            log.info("spare (pool rank %d): took the place of rank %d", me, rank)
+            return comm, state
+
+
+def _abort_spare(me: int, timeout: float) -> None:
+    sys.stderr.write(f"rabit_py: spare (pool rank {me}): rebuilding the job after a failure "
+                     f"did not complete within {timeout:g} s; aborting the job\n")
+    sys.stderr.flush()
+    abort_job(MPI.COMM_WORLD, None)

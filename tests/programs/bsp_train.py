@@ -34,7 +34,9 @@ def main() -> int:
     rabit.init()
     rank, size = rabit.get_rank(), rabit.get_world_size()
     trial = getattr(rabit.api._engine, "_trial", 0)
-    print("START " + json.dumps({"rank": rank, "pid": os.getpid(), "trial": trial}), flush=True)
+    joined = getattr(rabit.api._engine, "joined_as", "start")
+    print("START " + json.dumps({"rank": rank, "pid": os.getpid(), "trial": trial,
+                                 "joined": joined}), flush=True)
     config = rabit.broadcast({"dim": 5, "scale": 0.1} if rank == 0 else None, root=0)
     version, model, local = rabit.load_checkpoint(with_local=True)
     if version == 0:
@@ -73,7 +75,8 @@ def main() -> int:
     digest = hashlib.sha256(model["w"].tobytes() + json.dumps(model["history"]).encode())
     print("RESULT " + json.dumps({
         "rank": rank, "world": rabit.get_world_size(), "pid": os.getpid(), "trial": trial,
-        "version": rabit.version_number(), "model": digest.hexdigest(), "local": local,
+        "joined": joined, "version": rabit.version_number(), "model": digest.hexdigest(),
+        "local": local,
         "prepared": prepared}), flush=True)
     rabit.finalize()
     print(f"FINALIZED {rank}", flush=True)

@@ -27,6 +27,7 @@ def test_environment_is_read_and_kwargs_win():
     ({"RABIT_ENGINE": "magic"}, "engine='magic' is not one of"),
     ({"RABIT_TIMEOUT": "-1"}, "timeout=-1.0 must be a number of seconds >= 0"),
     ({"RABIT_LOG_LEVEL": "loud"}, "log_level='loud'"),
+    ({"RABIT_SPARES": "-1"}, "spares=-1 must be an integer >= 0"),
 ])
 def test_bad_values_name_the_setting(env, pattern):
     with pytest.raises(ValueError, match=pattern):

