@@ -230,6 +230,18 @@ def test_a_spare_takes_the_place_of_a_killed_rank(reference, spares, plan, kille
             assert r["prepared"] == list(range(start, 6)), (plan, r)
 
 
+def test_a_dead_spare_is_skipped(reference):
+    # The last of two spares dies while waiting (about when rank 1 dies, before
+    # or after): the other spare takes rank 1's place, and the job ends
+    # (releasing a dead spare does not hang).
+    code, out, starts, results = run_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,4,1,0"},
+                                         "--kill-last-spare-after", "1.0", "--sleep", "0.3",
+                                         spares=2)
+    assert code == 0, out[-6000:]
+    assert_recovered(out, starts, results, reference, {1})
+    assert [r["joined"] for r in results if r["rank"] == 1] == ["spare"]
+
+
 def test_spares_are_told_when_the_job_cannot_be_recovered():
     # Ranks 1 and 2 die together: rank 1's only replica lived on rank 2. The
     # spares must end too, not wait for a rebuild that never comes.

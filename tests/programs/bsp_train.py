@@ -10,7 +10,9 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -29,9 +31,23 @@ def main() -> int:
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per round")
     parser.add_argument("--mismatch-at", type=int, default=-1)
     parser.add_argument("--raise-at", type=int, default=-1)
+    parser.add_argument("--kill-last-spare-after", type=float, default=-1,
+                        help="the last spare process SIGKILLs itself after this many seconds")
     args = parser.parse_args()
 
+    # A spare is one of the last RABIT_SPARES processes of the MPI job.
+    spares = int(os.environ.get("RABIT_SPARES", "0") or 0)
+    world_rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    world_size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    timer = None
+    if args.kill_last_spare_after >= 0 and spares and world_rank == world_size - 1:
+        timer = threading.Timer(args.kill_last_spare_after, os.kill,
+                                (os.getpid(), signal.SIGKILL))
+        timer.daemon = True
+        timer.start()
     rabit.init()
+    if timer is not None:
+        timer.cancel()          # this spare became a rank: it lives
     rank, size = rabit.get_rank(), rabit.get_world_size()
     trial = getattr(rabit.api._engine, "_trial", 0)
     joined = getattr(rabit.api._engine, "joined_as", "start")
