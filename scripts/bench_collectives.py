@@ -12,6 +12,9 @@ In one job, on the same float32 buffers, for sizes 8 B ... 64 MiB, it times:
   size, check off), and a plain memory copy of the buffer (the machine's
   memory bandwidth ceiling, bytes / time);
 - a custom reducer (``Op.create(np.add)``) on MPI and through shared memory;
+- in the robust phase, raw mpi4py followed by a copy of each result into
+  buffers reused from checkpoint to checkpoint: the floor of any engine that
+  keeps results for replay;
 - ``xgboost.collective.allreduce`` when xgboost is installed (what XGBoost
   users run today).
 
@@ -153,6 +156,7 @@ CUSTOM_SHM = "rabit allreduce Op.create(np.add) shm"
 COPY = "memory copy (ceiling)"
 ROBUST_RAW = "mpi4py Allreduce in-place (robust phase)"
 ROBUST_BCAST_RAW = "mpi4py Bcast (robust phase)"
+KEEP_FLOOR = "mpi4py Allreduce + keep each result (cache floor)"
 
 
 def robust_table() -> Dict[str, tuple]:
@@ -173,9 +177,22 @@ def robust_table() -> Dict[str, tuple]:
     def nothing():
         pass
 
+    kept: Dict[int, List[np.ndarray]] = {}
+    keeps = [0]
+
+    def raw_and_keep(buf, out):
+        # The floor of any engine that keeps each result until the checkpoint:
+        # raw MPI, then a copy into one of CHECKPOINT_EVERY buffers, reused
+        # version after version like the engine's pooled cache.
+        WORLD.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        ring = kept.setdefault(buf.nbytes, [np.empty_like(buf) for _ in range(CHECKPOINT_EVERY)])
+        np.copyto(ring[keeps[0] % CHECKPOINT_EVERY], buf)
+        keeps[0] += 1
+
     return {
         ROBUST_RAW: ("allreduce", nothing,
                      lambda buf, out: WORLD.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)),
+        KEEP_FLOOR: ("allreduce", nothing, raw_and_keep),
         "rabit robust allreduce": ("allreduce", nothing, with_checkpoints(
             lambda buf, out: rabit.allreduce(buf, rabit.Op.SUM))),
         # with prepare_fun the input need not be kept: one copy per call, not two
@@ -192,6 +209,7 @@ XGB = "xgboost.collective allreduce"
 # contenders measured in a phase of their own, against raw mpi4py of that phase
 PAIRED_RAW = {XGB: XGB_RAW,
               "rabit robust allreduce": "mpi4py Allreduce in-place (robust phase)",
+              KEEP_FLOOR: "mpi4py Allreduce in-place (robust phase)",
               "rabit robust allreduce+prepare_fun": "mpi4py Allreduce in-place (robust phase)",
               "rabit robust broadcast": "mpi4py Bcast (robust phase)"}
 
