@@ -10,8 +10,9 @@ One folder per version, ``v00000042/``, holding
 - ``MANIFEST.json``: world size, whether local models are used, written by the
   leader.
 
-Every file is written to a temporary name, fsync'ed, renamed, and the folder
-fsync'ed, so a crash leaves either the old state or the whole new file. A
+Every file is written to a temporary name, fdatasync'ed, renamed, and the
+folder fsync'ed, so a crash leaves either the old state or the whole new file
+(the leader fsyncs a version's folder once, after renaming its manifest). A
 ``.ckpt`` file starts with a header (magic, format, world size, version,
 payload length, CRC-32) so that a truncated, corrupt or foreign file is
 recognized. A version is *complete* when the manifest and every file it lists
@@ -20,6 +21,15 @@ to older ones (with a warning) past a bad file. No rank waits for another:
 completeness is read from the files themselves, which also lets the writes run
 on a background thread while training goes on. The leader removes versions
 older than the newest ``keep`` complete ones.
+
+# Note [recycled files]
+Pruning moves a version's files to ``.recycle/`` instead of deleting them,
+and the next write of the same name takes one back (an atomic rename to its
+temporary name) and overwrites it. A new file needs a journal commit to make
+its blocks and size durable, and the rename needs another; an overwritten
+file of the same size needs only its data flushed, so a steady-state version
+costs one commit (the folder's), like a raw write of the same bytes. The
+folder holds at most one pruned version's files more.
 
 The folder is meant to be shared by all ranks (one path on a shared
 filesystem); with per-node folders, local models are found only when each
@@ -37,7 +47,7 @@ import shutil
 import struct
 import threading
 import zlib
-from typing import List, Optional, Tuple
+from typing import BinaryIO, Callable, List, Optional, Tuple
 
 from ._version import __version__
 from .errors import CheckpointError
@@ -51,6 +61,8 @@ FORMAT = 1
 # magic, format, world size, version, has payload, payload length, crc32
 _HEADER = struct.Struct("<8sIIQBQI")
 _VERSION_DIR = re.compile(r"^v(\d{8,})$")
+_RECYCLABLE = re.compile(r"^(global|local-\d+)\.ckpt$|^MANIFEST\.json$")
+RECYCLE_DIR = ".recycle"
 _PARALLEL_CRC_BYTES = 1 << 20
 
 
@@ -67,37 +79,77 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_file(path: str, payload: Optional[bytes], world_size: int, version: int) -> None:
-    """Write one checkpoint file atomically (temporary name, fsync, rename,
-    fsync of the folder). ``payload`` None records "no model"."""
+def _datasync(fd: int) -> None:
+    # fdatasync makes the data (and the size) durable without flushing
+    # timestamps: on a recycled file of the same size, no journal commit.
+    sync = getattr(os, "fdatasync", os.fsync)
+    sync(fd)
+
+
+def _claim(recycled: str, tmp: str) -> bool:
+    """Take the recycled file for ``tmp`` (atomically: several writers may
+    race for it); False if there is none."""
+    try:
+        os.replace(recycled, tmp)
+        return True
+    except OSError:
+        return False
+
+
+def _write_atomic(path: str, write: Callable[[BinaryIO], int], recycled: Optional[str],
+                  sync_folder: bool) -> None:
+    """Write through a temporary name: ``write(f)`` returns the file's size;
+    then fdatasync, rename, and (``sync_folder``) fsync of the folder."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    reused = recycled is not None and _claim(recycled, tmp)
+    with open(tmp, "r+b" if reused else "wb") as f:
+        size = write(f)
+        if reused:
+            f.truncate(size)
+        f.flush()
+        _datasync(f.fileno())
+    os.replace(tmp, path)
+    if sync_folder:
+        _fsync_dir(os.path.dirname(path) or ".")
+
+
+def write_file(path: str, payload: Optional[bytes], world_size: int, version: int,
+               recycled: Optional[str] = None, sync_folder: bool = True) -> None:
+    """Write one checkpoint file atomically (temporary name, fdatasync,
+    rename, fsync of the folder). ``payload`` None records "no model".
+
+    Args:
+        recycled: a file of a pruned version to overwrite instead of creating
+            a new one (Note [recycled files]); used only if it exists.
+        sync_folder: fsync the folder after the rename; False when the caller
+            fsyncs it after renaming more files into it.
+    """
     data = payload if payload is not None else b""
 
     def header(crc: int) -> bytes:
         return _HEADER.pack(MAGIC, FORMAT, world_size, version, payload is not None,
                             len(data), crc)
 
-    tmp = f"{path}.tmp-{os.getpid()}"
-    crc: List[int] = []
-    helper = None
-    if len(data) >= _PARALLEL_CRC_BYTES:
-        # zlib.crc32 and the write to the page cache both release the GIL:
-        # the checksum runs beside the write, and the header is patched after.
-        helper = threading.Thread(target=lambda: crc.append(zlib.crc32(data)),
-                                  name="rabit-crc", daemon=True)
-        helper.start()
-    else:
-        crc.append(zlib.crc32(data))
-    with open(tmp, "wb") as f:
+    def write(f: BinaryIO) -> int:
+        crc: List[int] = []
+        helper = None
+        if len(data) >= _PARALLEL_CRC_BYTES:
+            # zlib.crc32 and the write to the page cache both release the GIL:
+            # the checksum runs beside the write, and the header is patched after.
+            helper = threading.Thread(target=lambda: crc.append(zlib.crc32(data)),
+                                      name="rabit-crc", daemon=True)
+            helper.start()
+        else:
+            crc.append(zlib.crc32(data))
         f.write(header(crc[0] if helper is None else 0))
         f.write(data)
         if helper is not None:
             helper.join()
             f.seek(0)
             f.write(header(crc[0]))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path) or ".")
+        return _HEADER.size + len(data)
+
+    _write_atomic(path, write, recycled, sync_folder)
 
 
 def read_file(path: str, version: int) -> Tuple[Optional[bytes], int]:
@@ -215,25 +267,32 @@ class DurableStore:
         folder = self.version_dir(version)
         if uses_local:
             os.makedirs(folder, exist_ok=True)
-            write_file(os.path.join(folder, f"local-{self.rank}.ckpt"), local_blob,
-                       self.world_size, version)
+            name = f"local-{self.rank}.ckpt"
+            # The leader fsyncs the folder once, after its manifest.
+            write_file(os.path.join(folder, name), local_blob, self.world_size, version,
+                       recycled=self._recycled(name), sync_folder=self.rank != 0)
         if self.rank != 0:
             return
         # Without local models only the leader writes: no other rank can be
         # left writing into a version that the leader has pruned already.
         os.makedirs(folder, exist_ok=True)
-        write_file(os.path.join(folder, "global.ckpt"), global_blob, self.world_size, version)
-        manifest = {"format": FORMAT, "rabit_py": __version__, "version": version,
-                    "world_size": self.world_size, "uses_local": uses_local}
-        tmp = os.path.join(folder, f"MANIFEST.json.tmp-{os.getpid()}")
-        with open(tmp, "w") as f:
-            json.dump(manifest, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(folder, "MANIFEST.json"))
+        write_file(os.path.join(folder, "global.ckpt"), global_blob, self.world_size, version,
+                   recycled=self._recycled("global.ckpt"), sync_folder=False)
+        manifest = json.dumps({"format": FORMAT, "rabit_py": __version__, "version": version,
+                               "world_size": self.world_size,
+                               "uses_local": uses_local}).encode()
+        _write_atomic(os.path.join(folder, "MANIFEST.json"),
+                      lambda f: f.write(manifest), self._recycled("MANIFEST.json"),
+                      sync_folder=False)
+        # One folder fsync makes the renames above durable (the manifest's
+        # after the files': a crash before it leaves the version incomplete),
+        # and the parent's makes the new folder durable.
         _fsync_dir(folder)
         _fsync_dir(self.folder)
         self.prune()
+
+    def _recycled(self, name: str) -> str:
+        return os.path.join(self.folder, RECYCLE_DIR, name)
 
     def prune(self) -> None:
         """Remove versions older than the newest ``keep`` complete ones. With
@@ -246,7 +305,25 @@ class DurableStore:
         oldest_kept = complete[-self.keep]
         for v in self.versions():
             if v < oldest_kept:
+                self._recycle(self.version_dir(v))
                 shutil.rmtree(self.version_dir(v), ignore_errors=True)
+
+    def _recycle(self, folder: str) -> None:
+        """Keep a pruned version's files for the next writes (Note [recycled
+        files]); the manifest goes first, so the version is incomplete before
+        any of its files disappears."""
+        bin_dir = os.path.join(self.folder, RECYCLE_DIR)
+        try:
+            os.makedirs(bin_dir, exist_ok=True)
+            names = sorted(os.listdir(folder), key=lambda n: n != "MANIFEST.json")
+        except OSError:
+            return
+        for name in names:
+            if _RECYCLABLE.match(name):
+                try:
+                    os.replace(os.path.join(folder, name), os.path.join(bin_dir, name))
+                except OSError:
+                    pass            # removed with the folder instead
 
     def _complete(self, version: int) -> bool:
         """For pruning: the manifest and a valid global file, and (with local

@@ -32,6 +32,37 @@ def test_versions_round_trip_and_old_ones_are_pruned(tmp_path):
     assert not [n for n in os.listdir(tmp_path / "v00000003") if ".tmp-" in n]
 
 
+def test_pruned_files_are_recycled_by_later_versions(tmp_path):
+    ranks = stores(tmp_path)
+    for v in range(1, 8):
+        # Payload sizes change from version to version: a recycled file that
+        # was longer must end up exactly as long as the new payload.
+        for s in ranks:
+            s.save(v, (b"G%d" % v) * (40 - 5 * v) if s.rank == 0 else None,
+                   (b"L%d-%d" % (s.rank, v)) * (3 + v % 3), True)
+        for s in ranks:
+            s.flush()
+    assert ranks[0].versions() == [6, 7]
+    recycled = sorted(os.listdir(tmp_path / ".recycle"))
+    assert recycled == ["MANIFEST.json", "global.ckpt", "local-0.ckpt", "local-1.ckpt"]
+    # The next version's files are the recycled ones (the same inodes: never
+    # deleted, so no inode number was freed and handed out again).
+    for s in ranks:
+        assert s.newest_loadable() == 7
+        assert s.load(7) == ((b"G7" * 5), (b"L%d-7" % s.rank) * 4)
+        assert s.load(6) == ((b"G6" * 10), (b"L%d-6" % s.rank) * 3)
+    waiting = {n: os.stat(tmp_path / ".recycle" / n).st_ino for n in recycled}
+    save_versions(ranks, [8])
+    assert {n: os.stat(tmp_path / "v00000008" / n).st_ino for n in recycled} == waiting
+    for s in ranks:
+        assert s.load(8) == (b"global v8", f"local {s.rank} v8".encode())
+
+
+def test_write_file_without_a_recycled_file_creates_one(tmp_path):
+    write_file(str(tmp_path / "a.ckpt"), b"abc", 1, 3, recycled=str(tmp_path / "none"))
+    assert read_file(str(tmp_path / "a.ckpt"), 3) == (b"abc", 1)
+
+
 def test_no_version_is_pruned_under_a_rank_still_writing(tmp_path):
     leader, slow = stores(tmp_path)
     save_versions([leader], [1, 2, 3, 4])         # rank 1 has written nothing yet
