@@ -63,7 +63,7 @@ _HEADER = struct.Struct("<8sIIQBQI")
 _VERSION_DIR = re.compile(r"^v(\d{8,})$")
 _RECYCLABLE = re.compile(r"^(global|local-\d+)\.ckpt$|^MANIFEST\.json$")
 RECYCLE_DIR = ".recycle"
-_PARALLEL_CRC_BYTES = 1 << 20
+_OVERLAP_CRC_BYTES = 256 << 10
 
 
 def _fsync_dir(path: str) -> None:
@@ -86,6 +86,18 @@ def _datasync(fd: int) -> None:
     sync(fd)
 
 
+def _start_writeback(fd: int) -> None:
+    """Ask the kernel to start writing ``fd``'s dirty pages (Linux: fadvise
+    DONTNEED starts an asynchronous writeback of the range); a no-op where
+    that is not available."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is not None:
+        try:
+            advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+
+
 def _claim(recycled: str, tmp: str) -> bool:
     """Take the recycled file for ``tmp`` (atomically: several writers may
     race for it); False if there is none."""
@@ -104,7 +116,7 @@ def _write_atomic(path: str, write: Callable[[BinaryIO], int], recycled: Optiona
     reused = recycled is not None and _claim(recycled, tmp)
     with open(tmp, "r+b" if reused else "wb") as f:
         size = write(f)
-        if reused:
+        if reused and os.fstat(f.fileno()).st_size != size:
             f.truncate(size)
         f.flush()
         _datasync(f.fileno())
@@ -131,22 +143,16 @@ def write_file(path: str, payload: Optional[bytes], world_size: int, version: in
                             len(data), crc)
 
     def write(f: BinaryIO) -> int:
-        crc: List[int] = []
-        helper = None
-        if len(data) >= _PARALLEL_CRC_BYTES:
-            # zlib.crc32 and the write to the page cache both release the GIL:
-            # the checksum runs beside the write, and the header is patched after.
-            helper = threading.Thread(target=lambda: crc.append(zlib.crc32(data)),
-                                      name="rabit-crc", daemon=True)
-            helper.start()
-        else:
-            crc.append(zlib.crc32(data))
-        f.write(header(crc[0] if helper is None else 0))
+        f.write(header(0))
         f.write(data)
-        if helper is not None:
-            helper.join()
-            f.seek(0)
-            f.write(header(crc[0]))
+        if len(data) >= _OVERLAP_CRC_BYTES:
+            # Start the disk write of the payload now, and compute the
+            # checksum while it is under way; the header is patched after,
+            # and the fdatasync that follows waits for both.
+            f.flush()
+            _start_writeback(f.fileno())
+        f.seek(0)
+        f.write(header(zlib.crc32(data)))
         return _HEADER.size + len(data)
 
     _write_atomic(path, write, recycled, sync_folder)
@@ -209,6 +215,9 @@ class DurableStore:
                                         daemon=True)
         self._thread.start()
         self.write_seconds = 0.0            # time spent writing (for the benchmark)
+        # Versions seen complete: they stay so until pruned (no need to read
+        # their manifests again at every checkpoint).
+        self._known_complete: set = set()
 
     # ------------------------------------------------------------ writing
     def version_dir(self, version: int) -> str:
@@ -305,6 +314,7 @@ class DurableStore:
         oldest_kept = complete[-self.keep]
         for v in self.versions():
             if v < oldest_kept:
+                self._known_complete.discard(v)
                 self._recycle(self.version_dir(v))
                 shutil.rmtree(self.version_dir(v), ignore_errors=True)
 
@@ -326,16 +336,24 @@ class DurableStore:
                     pass            # removed with the folder instead
 
     def _complete(self, version: int) -> bool:
-        """For pruning: the manifest and a valid global file, and (with local
-        models) every rank's local file present — renamed into place only once
-        written, so presence is enough; loading checks them fully."""
-        if self._problem(version, local=False) is not None:
+        """For pruning: the manifest, the global file and (with local models)
+        every rank's local file present. Files are renamed into place only
+        once written and synced, so presence is enough (reading every kept
+        version back at each checkpoint would cost more than writing it);
+        loading checks them fully, and falls back past a bad one."""
+        if version in self._known_complete:
+            return True
+        try:
+            manifest = self._manifest(version)
+        except CheckpointError:
             return False
-        manifest = self._manifest(version)
         folder = self.version_dir(version)
-        return not manifest["uses_local"] or all(
-            os.path.exists(os.path.join(folder, f"local-{r}.ckpt"))
-            for r in range(manifest["world_size"]))
+        names = ["global.ckpt"] + ([f"local-{r}.ckpt" for r in range(manifest["world_size"])]
+                                   if manifest["uses_local"] else [])
+        if not all(os.path.exists(os.path.join(folder, n)) for n in names):
+            return False
+        self._known_complete.add(version)
+        return True
 
     # ------------------------------------------------------------ reading
     def versions(self) -> List[int]:

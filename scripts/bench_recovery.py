@@ -18,7 +18,8 @@ rank killed by the mock engine, and reports:
   --checkpoint-dir``, in-job recovery off) against in-job recovery, for the
   same kill, with a realistic start-up (imports and loading each rank's
   data): time from the kill to the job's next finished round, and time lost;
-- the durable checkpoint write against a raw file write of the same bytes.
+- a durable checkpoint version (fresh, and in steady state where pruned
+  files are recycled) against a raw file write of the same bytes.
 """
 
 from __future__ import annotations
@@ -168,37 +169,57 @@ def restart_comparison(args: argparse.Namespace, common: List[str], base_wall: f
                         "time_lost": wall - base_wall}}
 
 
-def durable_write_costs() -> Dict[int, tuple]:
-    """(raw, durable) seconds to write one file of each size (median of 5)."""
+def durable_write_costs(reps: int = 9) -> Dict[int, tuple]:
+    """(raw, durable first, durable steady) seconds per size (medians of ``reps``).
+
+    raw: open, write, fsync of a new file. durable: one whole version of a
+    global model through the store (``save`` + ``flush``: the checkpoint file
+    with its header and CRC, the manifest, the folder fsyncs, the pruning),
+    first on a fresh folder (new files), then in steady state (files of
+    pruned versions recycled, Note [recycled files])."""
     import tempfile
 
-    from rabit_py._store import write_file
+    from rabit_py._store import DurableStore
+
+    def write_raw(path: str, blob: bytes) -> float:
+        t0 = time.perf_counter()
+        with open(path, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        return time.perf_counter() - t0
+
+    def write_version(store: DurableStore, version: int, blob: bytes) -> float:
+        # The writer thread's own time on the version (the hand-over to the
+        # thread is not part of the write: the caller does not wait for it).
+        before = store.write_seconds
+        store.save(version, blob, None, False)
+        store.flush()
+        return store.write_seconds - before
 
     out = {}
     with tempfile.TemporaryDirectory() as folder:
         for size in (1 << 20, 16 << 20, 64 << 20):
             blob = os.urandom(size)
-            raw, durable = [], []
-
-            def write_raw(path: str, blob: bytes = blob) -> float:
-                t0 = time.perf_counter()
-                with open(path, "wb") as f:
-                    f.write(blob)
-                    f.flush()
-                    os.fsync(f.fileno())
-                return time.perf_counter() - t0
-
-            def write_durable(path: str, blob: bytes = blob) -> float:
-                t0 = time.perf_counter()
-                write_file(path, blob, 4, 1)
-                return time.perf_counter() - t0
-
-            write_raw(os.path.join(folder, "warm"))     # the first write is cheaper
-            for i in range(5):          # alternate which goes first: writeback interferes
-                pair = [(raw, write_raw, "raw"), (durable, write_durable, "durable")]
-                for times, fn, name in (pair if i % 2 == 0 else pair[::-1]):
-                    times.append(fn(os.path.join(folder, f"{name}{i}")))
-            out[size] = (statistics.median(raw), statistics.median(durable))
+            raw: List[float] = []
+            first: List[float] = []
+            steady: List[float] = []
+            store = DurableStore(os.path.join(folder, f"steady-{size}"), 0, 1, keep=2)
+            for version in range(1, 4):     # from version 4 on, files are recycled
+                write_version(store, version, blob)
+            write_raw(os.path.join(folder, "warm"), blob)   # the first write is cheaper
+            for i in range(reps):
+                fresh = DurableStore(os.path.join(folder, f"fresh-{size}-{i}"), 0, 1, keep=2)
+                runs = [(raw, write_raw, (os.path.join(folder, f"raw-{i}"), blob)),
+                        (first, write_version, (fresh, 1, blob)),
+                        (steady, write_version, (store, 4 + i, blob))]
+                # Rotate the order: writeback of one write slows the next.
+                for samples, run, run_args in runs[i % 3:] + runs[:i % 3]:
+                    samples.append(run(*run_args))
+                fresh.close()
+            store.close()
+            out[size] = (statistics.median(raw), statistics.median(first),
+                         statistics.median(steady))
     return out
 
 
@@ -260,10 +281,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     for key in ("kill_to_progress", "time_lost"):
         a, b, c = (restart[k][key] for k in ("in_job", "in_job_spare", "restart"))
         print(f"{key:>18}{a:9.2f}{b:9.2f}{c:9.2f}{c / a:16.1f}{c / b:15.1f}")
-    print("\ndurable checkpoint write vs raw file write (open, write, fsync), ms")
-    print(f"{'size':>10}{'raw':>10}{'durable':>10}{'ratio':>8}")
-    for size, (raw, durable) in writes.items():
-        print(f"{size:>10}{raw * 1e3:10.2f}{durable * 1e3:10.2f}{durable / raw:8.2f}")
+    print("\ndurable checkpoint version (global model: file, manifest, folder fsyncs) vs raw "
+          "file write (open, write, fsync) of the same bytes, ms")
+    print(f"{'size':>10}{'raw':>10}{'first':>10}{'ratio':>8}{'steady':>10}{'ratio':>8}")
+    for size, (raw, first, steady) in writes.items():
+        print(f"{size:>10}{raw * 1e3:10.2f}{first * 1e3:10.2f}{first / raw:8.2f}"
+              f"{steady * 1e3:10.2f}{steady / raw:8.2f}")
     result = {"benchmark": "recovery", "ranks": args.ranks, "cores": os.cpu_count(),
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "base_wall": base_wall,
               "runs": runs, "spare_runs": spare_runs, "median": median,

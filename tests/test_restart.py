@@ -55,8 +55,11 @@ def test_a_fault_with_recovery_off_restarts_the_job_from_disk(reference, tmp_pat
     assert len(parse(out, "START")) == 2 * RANKS
     assert "resumed from durable checkpoint version" in out, out[-6000:]
     assert_same_models(out, reference)
-    # Only the newest complete versions stay on disk (RABIT_KEEP_CHECKPOINTS=2).
-    assert sorted(os.listdir(tmp_path)) == ["v00000005", "v00000006"]
+    # Only the newest complete versions stay on disk (RABIT_KEEP_CHECKPOINTS=2),
+    # and the files of one pruned version, kept for reuse.
+    assert sorted(os.listdir(tmp_path)) == [".recycle", "v00000005", "v00000006"]
+    assert sorted(os.listdir(tmp_path / ".recycle")) == \
+        ["MANIFEST.json", "global.ckpt"] + [f"local-{r}.ckpt" for r in range(RANKS)]
 
 
 def test_every_rank_killed_from_outside_resumes_from_disk(reference, tmp_path):
