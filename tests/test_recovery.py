@@ -168,11 +168,12 @@ def test_recoveries_are_capped():
 
 
 # ---------------------------------------------------------------- shared memory
-@pytest.mark.parametrize("node_size,plan,killed", [
-    ("0", "1,2,1,0", {1}),                # one node: peers wait on rank 1's flags
-    ("2", "0,3,0,0;3,4,1,0", {0, 3}),     # two pseudo-nodes: a leader, then a member
+@pytest.mark.parametrize("node_size,plan,killed,spares", [
+    ("0", "1,2,1,0", {1}, 0),             # one node: peers wait on rank 1's flags
+    ("2", "0,3,0,0;3,4,1,0", {0, 3}, 0),  # two pseudo-nodes: a leader, then a member
+    ("2", "0,3,0,0;3,4,1,0", {0, 3}, 1),  # the same, a spare then a spawned process
 ])
-def test_a_rank_dying_while_peers_wait_in_shared_memory(node_size, plan, killed):
+def test_a_rank_dying_while_peers_wait_in_shared_memory(node_size, plan, killed, spares):
     # Every allreduce takes the shared-memory path; the killed rank dies just
     # before one, while its peers already wait for its flag: they must notice
     # (its process is gone), recover, and end as a failure-free run does.
@@ -180,11 +181,15 @@ def test_a_rank_dying_while_peers_wait_in_shared_memory(node_size, plan, killed)
     code, out, _, results = run_job({"RABIT_ENGINE": "robust", **env})
     assert code == 0, out[-6000:]
     reference = {r["rank"]: r for r in results}
-    code, out, starts, results = run_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": plan, **env})
+    code, out, starts, results = run_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": plan, **env},
+                                         spares=spares)
     assert code == 0, out[-6000:]
     assert_recovered(out, starts, results, reference, killed)
     assert sorted(set(map(int, re.findall(r"rabit_py mock: rank (\d+) killed", out)))) == \
         sorted(killed)
+    if spares:
+        assert sorted(r["joined"] for r in results if r["rank"] in killed) == \
+            ["spare", "spawned"]
 
 
 # ---------------------------------------------------------------- spread results
