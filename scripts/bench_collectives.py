@@ -156,7 +156,7 @@ CUSTOM_SHM = "rabit allreduce Op.create(np.add) shm"
 COPY = "memory copy (ceiling)"
 ROBUST_RAW = "mpi4py Allreduce in-place (robust phase)"
 ROBUST_BCAST_RAW = "mpi4py Bcast (robust phase)"
-KEEP_FLOOR = "mpi4py Allreduce + keep each result (cache floor)"
+KEEP_FLOOR = "cache floor raw+keep"
 
 
 def robust_table() -> Dict[str, tuple]:
@@ -291,7 +291,7 @@ def report(rows: List[dict], names: List[str]) -> str:
             ("allreduce", ["mpi4py Allreduce in-place", "mpi4py Allreduce out-of-place"],
              ["rabit allreduce check=off", "rabit allreduce check=on", SHM, CUSTOM_MPI,
               CUSTOM_SHM,
-              "rabit robust allreduce", "rabit robust allreduce+prepare_fun", XGB]),
+              KEEP_FLOOR, "rabit robust allreduce", "rabit robust allreduce+prepare_fun", XGB]),
             ("broadcast", ["mpi4py Bcast"],
              ["rabit broadcast check=off", "rabit broadcast check=on",
               "rabit robust broadcast"])):
