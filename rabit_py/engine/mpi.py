@@ -16,7 +16,7 @@ import os
 import pickle
 import sys
 import threading
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -116,6 +116,7 @@ class MpiEngine(Engine):
         self._header = np.zeros(HEADER_LEN, dtype=np.int64)
         self._header_sent: Optional[list] = None   # what _header holds, if we sent it
         self._broadcast_payload: Optional[Any] = None
+        self._attachments: Dict[str, Any] = {}
         self._watchdog = (Watchdog(config.timeout, self._on_timeout)
                           if config.timeout > 0 and self._size > 1 else None)
         self._saved_excepthook = None
@@ -168,6 +169,50 @@ class MpiEngine(Engine):
     def tracker_print(self, msg: str) -> None:
         if self._rank == 0:
             print(msg, flush=True)
+
+    # ------------------------------------------------------- device support
+    @property
+    def supports_device_collectives(self) -> bool:
+        """Whether collectives may run outside the engine's MPI calls (NCCL):
+        the plain engine keeps nothing for replay, so it may; the robust
+        engine may not (its results must be cached for recovery)."""
+        return True
+
+    def device_collective(self, kind: int, call: Optional[tuple],
+                          run: Callable[[], Any]) -> Any:
+        """Run ``run()`` (a collective on another transport, e.g. NCCL) as
+        one of this engine's numbered calls: the signature check (``call`` is
+        what an allreduce checks: op, dtype, shape, None) and the timeout
+        watchdog apply as to the engine's own calls.
+
+        Raises:
+            CollectiveMismatchError: the ranks made different calls.
+        """
+        self._enter(kind, None, True, call if self._check else None)
+        try:
+            return run()
+        finally:
+            self._leave()
+
+    def side_allgather(self, obj: Any) -> List[Any]:
+        """Every rank's ``obj``, outside the numbered calls (for setting up a
+        device transport: it is not part of the program's call sequence)."""
+        if self._size == 1:
+            return [obj]
+        try:
+            return self._comm.allgather(obj)
+        except MPI.Exception as exc:
+            raise self._failure(exc) from exc
+
+    def attach(self, name: str, resource: Any) -> Any:
+        """Keep ``resource`` (e.g. a NCCL communicator) with this engine; its
+        ``close()`` runs at finalize. Returns it."""
+        self._attachments[name] = resource
+        return resource
+
+    def attachment(self, name: str) -> Any:
+        """What :meth:`attach` kept under ``name``, or None."""
+        return self._attachments.get(name)
 
     # ------------------------------------------------------------ collectives
     def allreduce(self, data: np.ndarray, op: OpLike,
@@ -453,6 +498,13 @@ class MpiEngine(Engine):
                 self._store.close()         # the last version reaches the disk
             except CheckpointError as exc:
                 store_error = exc           # raised after the others are released
+        for resource in self._attachments.values():
+            try:
+                resource.close()
+            except Exception as exc:  # noqa: BLE001 - finalize goes on
+                log.warning("rank %d: closing %r at finalize failed: %s", self._rank,
+                            resource, exc)
+        self._attachments.clear()
         try:
             if self._broken is None:
                 self._finalize_sync()

@@ -134,6 +134,10 @@ class RobustEngine(MpiEngine):
             log.info("rank %d: joined the job as a replacement (trial %d)",
                      self._rank, self._trial)
 
+    @property
+    def supports_device_collectives(self) -> bool:
+        return False            # every result must be kept for replay
+
     # ------------------------------------------------------------ collectives
     def allreduce(self, data: np.ndarray, op: OpLike,
                   prepare_fun: Optional[PrepareFn] = None) -> np.ndarray:

@@ -4,14 +4,16 @@
 ``allreduce``, ``broadcast`` and ``allgather`` accept CuPy arrays. The backend
 is chosen by ``RABIT_GPU_BACKEND`` (``Config.gpu_backend``):
 
-- ``staged`` (what ``auto`` picks today): the array is copied to host memory,
-  reduced by the engine exactly as a NumPy array (so the signature check, the
-  timeout and the robust engine's cache and recovery apply unchanged), and
-  copied back into the device array. For machines where ranks share a GPU or
-  NCCL is missing, and the only backend built so far.
-- ``nccl``: reduction through ``cupy.cuda.nccl`` on the devices; not built
-  yet (it needs a machine with GPUs to be developed and tested on): asking
-  for it raises a clear error.
+- ``staged``: the array is copied to host memory, reduced by the engine
+  exactly as a NumPy array (so the signature check, the timeout and the
+  robust engine's cache and recovery apply unchanged), and copied back into
+  the device array. For machines where ranks share a GPU or NCCL is missing,
+  and for the robust engine.
+- ``nccl``: allreduce through ``cupy.cuda.nccl`` on the devices (Note [nccl
+  backend] in ``_nccl.py``); the plain engine only.
+- ``auto``: ``nccl`` where every rank can use it (the plain engine, NCCL
+  importable everywhere, no two ranks of a node on one device; decided once,
+  together, at the first device allreduce), else ``staged``.
 
 Nothing here imports CuPy unless a device array is passed: an array is a
 device array when its type comes from the ``cupy`` package.
@@ -42,20 +44,61 @@ def to_host(data: Any) -> Any:
     return data.get() if is_device_array(data) else data
 
 
-def _staged(backend: str, rank: int) -> None:
-    if backend == "nccl":
-        raise RabitError(f"rank {rank}: RABIT_GPU_BACKEND=nccl: the NCCL backend is not built "
-                         f"yet; use RABIT_GPU_BACKEND=staged (or auto), which reduces device "
-                         f"arrays through host memory")
+def _nccl_backend(engine: Any, backend: str, data: Any, op: Any) -> Any:
+    """The engine's NCCL backend for this allreduce, or None for staging
+    (see Note [device arrays]). Collective the first time it decides."""
+    if backend == "staged":
+        return None
+    from ._nccl import ATTACHMENT, NcclBackend, nccl_reason, takes_nccl
+
+    if not getattr(engine, "supports_device_collectives", False):
+        if backend == "nccl":
+            raise RabitError(
+                f"rank {engine.rank}: RABIT_GPU_BACKEND=nccl needs the plain engine "
+                f"(engine='mpi'): the robust engine must keep every result for replay, which "
+                f"it does for device arrays staged through host memory "
+                f"(RABIT_GPU_BACKEND=staged or auto)")
+        return None
+    if not takes_nccl(data, op):
+        return None
+    chosen = engine.attachment(ATTACHMENT)
+    if chosen is not None:
+        return None if isinstance(chosen, _Staged) else chosen
+    # Every rank must take the same path: decide together.
+    device = int(data.device.id)
+    mine = (nccl_reason(), engine.processor_name(), device)
+    everyone = engine.side_allgather(mine)
+    problems = [f"rank {r}: {why}" for r, (why, _, _) in enumerate(everyone) if why]
+    places = [(host, dev) for _, host, dev in everyone]
+    if len(set(places)) != len(places):
+        problems.append("two ranks use the same GPU of a node (NCCL needs one rank per GPU; "
+                        "pick a device per rank, e.g. cupy.cuda.Device(local_rank).use())")
+    if problems:
+        if backend == "nccl":
+            raise RabitError(f"rank {engine.rank}: RABIT_GPU_BACKEND=nccl cannot be used: "
+                             + "; ".join(problems))
+        engine.attach(ATTACHMENT, _Staged())
+        return None
+    return engine.attach(ATTACHMENT, NcclBackend(engine, device))
+
+
+class _Staged:
+    """The decision "staged", kept in the engine's attachments."""
+
+    def close(self) -> None:
+        pass
 
 
 def allreduce(engine: Any, backend: str, data: Any, op: Any,
               prepare_fun: Optional[Callable[[Any], None]]) -> Any:
-    """``engine.allreduce`` of the device array ``data`` through host memory;
-    ``prepare_fun`` (if any) fills the device array, and is skipped exactly
-    when the engine skips it (a result served from the robust engine's cache).
-    Returns ``data``, reduced in place."""
-    _staged(backend, engine.rank)
+    """Reduce the device array ``data`` in place across ranks and return it:
+    through NCCL where chosen (Note [device arrays]), else through host
+    memory with ``engine.allreduce``, where ``prepare_fun`` (if any) fills
+    the device array and is skipped exactly when the engine skips it (a
+    result served from the robust engine's cache)."""
+    nccl = _nccl_backend(engine, backend, data, op)
+    if nccl is not None:
+        return nccl.allreduce(data, op, prepare_fun)
     host = np.ascontiguousarray(data.get())
     prepare = None
     if prepare_fun is not None:
@@ -68,10 +111,11 @@ def allreduce(engine: Any, backend: str, data: Any, op: Any,
 
 
 def broadcast(engine: Any, backend: str, data: Any, root: int) -> Any:
-    """``engine.broadcast`` with device arrays staged through host memory: the
+    """``engine.broadcast`` with device arrays staged through host memory (any
+    backend: receivers may pass another array or None, see Note [nccl
+    backend]): the
     root's device array is sent; a rank that passes a device array of the same
     shape and dtype receives in place, others get what the engine returns."""
-    _staged(backend, engine.rank)
     host = to_host(data)
     result = engine.broadcast(host, root)
     if is_device_array(data) and isinstance(result, np.ndarray) \
@@ -83,7 +127,6 @@ def broadcast(engine: Any, backend: str, data: Any, root: int) -> Any:
 
 def allgather(engine: Any, backend: str, data: Any) -> Any:
     """``engine.allgather`` of a device array; the result is a device array."""
-    _staged(backend, engine.rank)
     import cupy  # noqa: PLC0415 - only device arrays get here
 
     return cupy.asarray(engine.allgather(np.ascontiguousarray(data.get())))

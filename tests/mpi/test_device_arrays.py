@@ -1,8 +1,9 @@
 """Device (CuPy) arrays through the public API with the staged backend, on
-every rank. No GPU is needed: a stand-in array type from a module named
-``cupy...`` exposes what the staged backend uses (``get``, ``set``, shape,
-dtype) and a stand-in ``cupy.asarray``; where real CuPy and a GPU exist,
-tests/gpu runs the same calls on the device (scripts/gpu_check.sh)."""
+every rank (the NCCL backend: test_nccl_backend.py). No GPU is needed: a
+stand-in array type from a module named ``cupy...`` exposes what the staged
+backend uses (``get``, ``set``, shape, dtype) and a stand-in
+``cupy.asarray``; where real CuPy and a GPU exist, tests/gpu runs the same
+calls on the device (scripts/gpu_check.sh)."""
 
 import sys
 import types
@@ -57,14 +58,6 @@ def test_allreduce_broadcast_allgather_of_device_arrays(device_session):
     assert isinstance(rows, FakeDeviceArray)
     np.testing.assert_array_equal(rows.get(), np.repeat(np.arange(SIZE), 2)[:, None]
                                   * np.ones((1, 3), dtype=np.int16))
-
-
-def test_the_nccl_backend_is_refused_clearly(session, fake_cupy):
-    rabit.finalize()
-    rabit.init(engine=session, timeout=60, gpu_backend="nccl")
-    with pytest.raises(rabit.RabitError, match="NCCL backend is not built yet.*staged"):
-        rabit.allreduce(FakeDeviceArray(np.zeros(3)), rabit.Op.SUM)
-    rabit.allreduce(np.zeros(3), rabit.Op.SUM)        # NumPy arrays are unaffected
 
 
 def test_bad_backend_setting():

@@ -1,0 +1,177 @@
+"""The NCCL backend for CuPy arrays (Note [nccl backend]).
+
+# Note [nccl backend]
+One ``NcclCommunicator`` per engine, made at the first device allreduce that
+takes this path: rank 0's unique id reaches the others over the engine's MPI
+communicator (outside the program's numbered calls), and each rank joins on
+the device of the array it passed (one rank per GPU: ``auto`` takes this
+backend only where no two ranks of a node share a device). The allreduce runs
+in place on a dedicated stream that first waits, through an event, for the
+work already queued on the caller's stream (the producer of the gradients);
+the call returns when that stream is done, like every rabit_py collective.
+
+The engine frames the call (numbering, signature check, watchdog), so a
+mismatched call is reported as for NumPy arrays. NCCL itself never gives up
+on a peer that is gone: the wait polls the stream, asks NCCL for an
+asynchronous error, and past the engine's timeout aborts the communicator
+and raises ``CollectiveTimeoutError`` (the engine's watchdog ends a job
+without MPI fault tolerance at the same time). After an abort or a NCCL
+error the backend refuses further calls with a clear error.
+
+Only allreduce goes through NCCL: broadcast and allgather (whose arrays may
+differ from rank to rank, or be absent on receivers) stay on the staged path,
+as do dtypes and ops that NCCL lacks (bool, bitwise ops, custom reducers)
+and non-contiguous arrays. The robust engine keeps the staged path: NCCL
+results would have to be kept for replay (not built).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+from ..engine._signature import Kind
+from ..errors import CollectiveTimeoutError, RabitError
+from ..ops import Op
+
+__all__ = ["NcclBackend", "nccl_available", "nccl_reason"]
+
+ATTACHMENT = "nccl"
+
+# NumPy dtype chars -> names of cupy.cuda.nccl's data type constants
+_DTYPES = {"b": "NCCL_INT8", "B": "NCCL_UINT8", "i": "NCCL_INT32", "I": "NCCL_UINT32",
+           "l": "NCCL_INT64", "L": "NCCL_UINT64", "q": "NCCL_INT64", "Q": "NCCL_UINT64",
+           "e": "NCCL_FLOAT16", "f": "NCCL_FLOAT32", "d": "NCCL_FLOAT64"}
+_OPS = {Op.SUM: "NCCL_SUM", Op.PROD: "NCCL_PROD", Op.MAX: "NCCL_MAX", Op.MIN: "NCCL_MIN"}
+_SPIN_SECONDS = 1e-3            # poll without sleeping for this long, then nap
+
+
+def _modules() -> Any:
+    import cupy  # noqa: PLC0415 - optional, imported only for device arrays
+    from cupy.cuda import nccl  # noqa: PLC0415
+
+    return cupy, nccl
+
+
+def nccl_reason() -> Optional[str]:
+    """Why NCCL cannot be used in this process (None if it can)."""
+    try:
+        _, nccl = _modules()
+    except ImportError as exc:
+        return f"cupy.cuda.nccl cannot be imported ({exc})"
+    if not getattr(nccl, "available", True):
+        return "this CuPy was built without NCCL"
+    return None
+
+
+def nccl_available() -> bool:
+    """Whether ``cupy.cuda.nccl`` can be used here."""
+    return nccl_reason() is None
+
+
+def takes_nccl(data: Any, op: Any) -> bool:
+    """Whether an allreduce of ``data`` with ``op`` can run on NCCL (the
+    same answer on every rank that makes the same call)."""
+    return (getattr(data.dtype, "char", "?") in _DTYPES
+            and isinstance(op, int) and not isinstance(op, bool) and op in _OPS
+            and bool(getattr(getattr(data, "flags", None), "c_contiguous", False)))
+
+
+class NcclBackend:
+    """The NCCL communicator of one engine (Note [nccl backend]).
+
+    Args:
+        engine: the job's engine (the plain one); collective: every rank
+            constructs it at the same call.
+        device: the CUDA device this rank uses.
+
+    Raises:
+        RabitError: NCCL cannot be set up (the message says why).
+    """
+
+    def __init__(self, engine: Any, device: int) -> None:
+        cupy, nccl = _modules()
+        self._cupy, self._nccl = cupy, nccl
+        self._engine = engine
+        self._rank = engine.rank
+        self._broken: Optional[str] = None
+        uid = nccl.get_unique_id() if engine.rank == 0 else None
+        uid = engine.side_allgather(uid)[0]
+        with cupy.cuda.Device(device):
+            self._comm = nccl.NcclCommunicator(engine.world_size, uid, engine.rank)
+            self._stream = cupy.cuda.Stream(non_blocking=True)
+        self.device = device
+
+    def allreduce(self, data: Any, op: Any, prepare_fun: Optional[Callable[[Any], None]]) -> Any:
+        """Reduce the CuPy array ``data`` in place across ranks; returns it.
+
+        Raises:
+            CollectiveMismatchError: the ranks made different calls.
+            CollectiveTimeoutError: it did not complete within the timeout
+                (the communicator is aborted).
+            RabitError: an earlier NCCL failure made the backend unusable, or
+                NCCL reported an error.
+        """
+        call = (op, data.dtype, tuple(data.shape), None)
+
+        def run() -> Any:
+            if self._broken is not None:
+                raise RabitError(self._broken)
+            if prepare_fun is not None:
+                prepare_fun(data)
+            self._run(data, op)
+            return data
+
+        return self._engine.device_collective(Kind.ALLREDUCE, call, run)
+
+    def _run(self, data: Any, op: Any) -> None:
+        cupy, nccl = self._cupy, self._nccl
+        dtype = getattr(nccl, _DTYPES[data.dtype.char])
+        code = getattr(nccl, _OPS[op])
+        with cupy.cuda.Device(self.device):
+            ready = cupy.cuda.Event()
+            ready.record(cupy.cuda.get_current_stream())
+            self._stream.wait_event(ready)
+            try:
+                self._comm.allReduce(data.data.ptr, data.data.ptr, data.size, dtype, code,
+                                     self._stream.ptr)
+            except Exception as exc:  # noqa: BLE001 - nccl.NcclError, reported as ours
+                raise self._fail(f"NCCL allreduce failed: {exc}") from exc
+            self._wait()
+
+    def _wait(self) -> None:
+        # Give up a little before the engine's watchdog (armed for this call
+        # too), so that the error is ours rather than the watchdog's.
+        timeout = 0.9 * self._engine.config.timeout
+        start = time.monotonic()
+        while not self._stream.done:
+            try:
+                self._comm.check_async_error()
+            except Exception as exc:  # noqa: BLE001 - nccl.NcclError
+                raise self._fail(f"NCCL reported an error: {exc}") from exc
+            elapsed = time.monotonic() - start
+            if timeout > 0 and elapsed > timeout:
+                raise self._fail(
+                    f"a NCCL allreduce did not complete within {timeout:.3g} s (a peer is "
+                    f"gone or stuck); the NCCL communicator was aborted",
+                    CollectiveTimeoutError)
+            if elapsed > _SPIN_SECONDS:
+                time.sleep(1e-4)
+
+    def _fail(self, what: str, kind: type = RabitError) -> BaseException:
+        self._broken = (f"rank {self._rank}: {what}; device collectives cannot go on in this "
+                        f"job (RABIT_GPU_BACKEND=staged avoids NCCL)")
+        try:
+            self._comm.abort()
+        except Exception:  # noqa: BLE001 - aborting a communicator already failed
+            pass
+        return kind(self._broken)
+
+    def close(self) -> None:
+        """Release the communicator (at the engine's finalize)."""
+        try:
+            if self._broken is None:
+                self._stream.synchronize()
+                self._comm.destroy()
+        except Exception:  # noqa: BLE001 - nothing to do about it at finalize
+            pass

@@ -1,0 +1,186 @@
+"""A NumPy-backed stand-in for the parts of CuPy and ``cupy.cuda.nccl`` that
+rabit_py's NCCL backend uses, for machines without a GPU (the real thing is
+tested by tests/gpu through scripts/gpu_check.sh where a device is lent).
+
+Arrays live in host memory and pass their address as ``data.ptr``, as CuPy
+passes device pointers; the stand-in NCCL communicator reads and writes that
+memory and runs each operation as a nonblocking MPI collective on a
+duplicate of ``MPI.COMM_WORLD``, queued on the stream it is given, so that a
+stream is "done" when its requests complete, as a CUDA stream is. Ranks in
+``nccl.HANG_RANKS`` never start their operations (a peer that is gone)."""
+
+import ctypes
+import sys
+import types
+from typing import Dict, List
+
+import numpy as np
+from mpi4py import MPI
+
+
+class _Memory:
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+
+class _Flags:
+    def __init__(self, host: np.ndarray) -> None:
+        self.c_contiguous = host.flags.c_contiguous
+
+
+class Device:
+    def __init__(self, id: int = 0) -> None:  # noqa: A002 - CuPy's name
+        self.id = id
+
+    def __enter__(self) -> "Device":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def use(self) -> None:
+        pass
+
+
+class ndarray:  # noqa: N801 - CuPy's name
+    """A "device" array: host memory, CuPy's attributes."""
+
+    device_of_rank = staticmethod(lambda rank: rank)    # one GPU per rank by default
+
+    def __init__(self, host: np.ndarray) -> None:
+        self._host = np.array(host)                     # owned, C-contiguous
+        self.shape, self.dtype, self.size = self._host.shape, self._host.dtype, self._host.size
+        self.flags = _Flags(self._host)
+        self.device = Device(ndarray.device_of_rank(MPI.COMM_WORLD.Get_rank()))
+
+    @property
+    def data(self) -> _Memory:
+        return _Memory(self._host.ctypes.data)
+
+    def get(self) -> np.ndarray:
+        return self._host.copy()
+
+    def set(self, host: np.ndarray) -> None:
+        assert host.shape == self.shape and host.dtype == self.dtype
+        self._host[...] = host
+
+    def fill(self, value: object) -> None:
+        self._host[...] = value
+
+
+ndarray.__module__ = "cupy"
+
+
+def asarray(host: np.ndarray) -> ndarray:
+    return ndarray(np.asarray(host))
+
+
+class Event:
+    def record(self, stream: "Stream" = None) -> None:
+        pass
+
+
+class Stream:
+    def __init__(self, non_blocking: bool = False) -> None:
+        self.ptr = id(self)
+        self.requests: List[MPI.Request] = []
+        self.stuck = False
+        _STREAMS[self.ptr] = self
+
+    @property
+    def done(self) -> bool:
+        if self.stuck:
+            return False
+        self.requests = [r for r in self.requests if not r.Test()]
+        return not self.requests
+
+    def wait_event(self, event: Event) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        MPI.Request.Waitall(self.requests)
+        self.requests = []
+
+
+_STREAMS: Dict[int, Stream] = {}
+_DEFAULT = Stream()
+
+
+def get_current_stream() -> Stream:
+    return _DEFAULT
+
+
+# ---------------------------------------------------------------- nccl
+_NP_TYPES = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np.uint64,
+             6: np.float16, 7: np.float32, 8: np.float64}
+_MPI_OPS = {0: MPI.SUM, 1: MPI.PROD, 2: MPI.MAX, 3: MPI.MIN}
+
+
+class NcclError(RuntimeError):
+    pass
+
+
+class NcclCommunicator:
+    created: List["NcclCommunicator"] = []
+
+    def __init__(self, ndev: int, uid: tuple, rank: int) -> None:
+        world = MPI.COMM_WORLD
+        assert ndev == world.Get_size() and rank == world.Get_rank(), (ndev, rank)
+        assert len(uid) == 128
+        self._comm = world.Dup()
+        self.calls = 0
+        self.aborted = self.destroyed = False
+        NcclCommunicator.created.append(self)
+
+    def allReduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int,
+                  stream: int) -> None:
+        assert not (self.aborted or self.destroyed)
+        self.calls += 1
+        dtype = np.dtype(_NP_TYPES[datatype])
+        buf = np.ctypeslib.as_array((ctypes.c_byte * (count * dtype.itemsize))
+                                    .from_address(recvbuf)).view(dtype)
+        queue = _STREAMS[stream]
+        if MPI.COMM_WORLD.Get_rank() in HANG_RANKS:
+            queue.stuck = True
+            return
+        send = MPI.IN_PLACE if sendbuf == recvbuf else np.ctypeslib.as_array(
+            (ctypes.c_byte * (count * dtype.itemsize)).from_address(sendbuf)).view(dtype)
+        queue.requests.append(self._comm.Iallreduce(send, buf, op=_MPI_OPS[op]))
+
+    def check_async_error(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def destroy(self) -> None:
+        self.destroyed = True
+        self._comm.Free()
+
+
+HANG_RANKS: set = set()
+
+
+def get_unique_id() -> tuple:
+    return tuple(int(b) for b in np.random.default_rng().integers(-128, 128, 128))
+
+
+def install(modules: Dict[str, types.ModuleType] = None) -> types.ModuleType:
+    """Put ``cupy``, ``cupy.cuda`` and ``cupy.cuda.nccl`` stand-ins in
+    ``modules`` (default ``sys.modules``); returns the ``cupy`` module."""
+    modules = sys.modules if modules is None else modules
+    cupy = types.ModuleType("cupy")
+    cuda = types.ModuleType("cupy.cuda")
+    nccl = types.ModuleType("cupy.cuda.nccl")
+    cupy.ndarray, cupy.asarray, cupy.cuda = ndarray, asarray, cuda
+    cuda.Device, cuda.Stream, cuda.Event = Device, Stream, Event
+    cuda.get_current_stream, cuda.nccl = get_current_stream, nccl
+    nccl.available, nccl.NcclError = True, NcclError
+    nccl.NcclCommunicator, nccl.get_unique_id = NcclCommunicator, get_unique_id
+    for code, name in enumerate(["INT8", "UINT8", "INT32", "UINT32", "INT64", "UINT64",
+                                 "FLOAT16", "FLOAT32", "FLOAT64"]):
+        setattr(nccl, "NCCL_" + name, code)
+    for code, name in enumerate(["SUM", "PROD", "MAX", "MIN"]):
+        setattr(nccl, "NCCL_" + name, code)
+    modules.update({"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.nccl": nccl})
+    return cupy

@@ -1,0 +1,145 @@
+"""The NCCL backend's logic on every rank, with NumPy-backed stand-ins for
+CuPy and cupy.cuda.nccl (tests/_fakecupy.py): which calls take NCCL, that
+they are framed by the engine (numbering, signature check), the results
+against MPI on host arrays, and the refusals. The real library is exercised
+by tests/gpu where a GPU is lent (scripts/gpu_check.sh)."""
+
+import sys
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import rabit_py as rabit
+from rabit_py.gpu import _Staged
+from rabit_py.gpu._nccl import NcclBackend
+
+from .. import _fakecupy
+from .conftest import WORLD
+
+SIZE = WORLD.Get_size()
+RANK = WORLD.Get_rank()
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    if getattr(sys.modules.get("cupy"), "__file__", None):
+        pytest.skip("real CuPy is imported: tests/gpu covers it")
+    modules = {}
+    _fakecupy.install(modules)
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(_fakecupy.ndarray, "device_of_rank", staticmethod(lambda rank: rank))
+    yield _fakecupy
+
+
+def start(engine="mpi", **config):
+    rabit.init(engine=engine, timeout=60, **config)
+    return rabit.api._engine
+
+
+MPI_OPS = {rabit.Op.SUM: MPI.SUM, rabit.Op.PROD: MPI.PROD, rabit.Op.MAX: MPI.MAX,
+           rabit.Op.MIN: MPI.MIN}
+
+
+def host_allreduce(host, op):
+    """The reference: MPI on the host arrays."""
+    out = np.empty_like(host)
+    WORLD.Allreduce(host, out, op=MPI_OPS[op])
+    return out
+
+
+@pytest.mark.parametrize("backend", ["auto", "nccl"])
+def test_allreduce_takes_nccl_and_matches_mpi(fake_cupy, backend):
+    engine = start(gpu_backend=backend)
+    try:
+        for dtype in (np.float16, np.float32, np.float64, np.int8, np.uint8, np.int32,
+                      np.int64, np.uint64):
+            for op in (rabit.Op.SUM, rabit.Op.MAX, rabit.Op.MIN, rabit.Op.PROD):
+                host = ((np.arange(12) * (RANK + 2)) % 5 + 1).astype(dtype).reshape(3, 4)
+                data = fake_cupy.ndarray(host)
+                assert rabit.allreduce(data, op) is data
+                np.testing.assert_array_equal(data.get(), host_allreduce(host, op))
+        backend_obj = engine.attachment("nccl")
+        assert isinstance(backend_obj, NcclBackend)
+        assert backend_obj._comm.calls == 8 * 4
+        assert backend_obj.device == RANK
+        # prepare_fun fills the device array, after the signature check
+        filled = fake_cupy.ndarray(np.zeros(5, dtype=np.float32))
+        rabit.allreduce(filled, rabit.Op.SUM, prepare_fun=lambda d: d.fill(RANK))
+        assert (filled.get() == SIZE * (SIZE - 1) / 2).all()
+        # the calls are numbered like any other: a checkpoint after them agrees
+        rabit.checkpoint({"step": 1})
+    finally:
+        rabit.finalize()
+    assert backend_obj._comm.destroyed          # finalize released the communicator
+
+
+def test_what_nccl_lacks_is_staged(fake_cupy):
+    engine = start()
+    try:
+        flags = fake_cupy.ndarray(np.array([RANK == 0, False, True]))
+        rabit.allreduce(flags, rabit.Op.BITOR)
+        assert flags.get().tolist() == [True, False, True]
+        bits = fake_cupy.ndarray(np.full(3, 1 << RANK, dtype=np.int32))
+        rabit.allreduce(bits, rabit.Op.BITOR)
+        assert (bits.get() == (1 << SIZE) - 1).all()
+        custom = fake_cupy.ndarray(np.full(2, RANK + 1.0))
+        rabit.allreduce(custom, rabit.Op.create(np.maximum))
+        assert (custom.get() == SIZE).all()
+        # none of these reached NCCL (nor made a communicator)
+        assert engine.attachment("nccl") is None
+        # broadcast and allgather stay staged too
+        mine = fake_cupy.ndarray(np.full(4, RANK, dtype=np.int64))
+        rabit.broadcast(mine, 0)
+        assert (mine.get() == 0).all()
+        assert engine.attachment("nccl") is None
+    finally:
+        rabit.finalize()
+
+
+def test_shared_gpus_are_staged_or_refused(fake_cupy):
+    fake_cupy.ndarray.device_of_rank = staticmethod(lambda rank: 0)
+    engine = start()
+    try:
+        data = fake_cupy.ndarray(np.ones(3))
+        rabit.allreduce(data, rabit.Op.SUM)
+        assert (data.get() == SIZE).all()
+        # one rank alone may use NCCL; several on one GPU stage through the host
+        assert isinstance(engine.attachment("nccl"), NcclBackend if SIZE == 1 else _Staged)
+    finally:
+        rabit.finalize()
+    if SIZE == 1:
+        return
+    start(gpu_backend="nccl")
+    try:
+        with pytest.raises(rabit.RabitError, match="two ranks use the same GPU"):
+            rabit.allreduce(fake_cupy.ndarray(np.ones(3)), rabit.Op.SUM)
+    finally:
+        rabit.finalize()
+
+
+def test_the_robust_engine_keeps_staging(fake_cupy, session):
+    if session != "robust":
+        pytest.skip("the plain engine takes NCCL (tested above)")
+    engine = rabit.api._engine
+    data = fake_cupy.ndarray(np.full(3, 2.0))
+    rabit.allreduce(data, rabit.Op.SUM)
+    assert (data.get() == 2.0 * SIZE).all() and engine.attachment("nccl") is None
+    rabit.finalize()
+    rabit.init(engine="robust", timeout=60, gpu_backend="nccl")
+    with pytest.raises(rabit.RabitError, match="needs the plain engine.*replay"):
+        rabit.allreduce(fake_cupy.ndarray(np.ones(3)), rabit.Op.SUM)
+
+
+def test_a_mismatch_on_the_nccl_path_is_reported(fake_cupy):
+    if SIZE == 1:
+        pytest.skip("needs two ranks")
+    start()
+    try:
+        rabit.allreduce(fake_cupy.ndarray(np.ones(2)), rabit.Op.SUM)       # NCCL set up
+        shape = (3,) if RANK == 0 else (4,)
+        with pytest.raises(rabit.CollectiveMismatchError, match="shape"):
+            rabit.allreduce(fake_cupy.ndarray(np.ones(shape)), rabit.Op.SUM)
+    finally:
+        rabit.finalize()
