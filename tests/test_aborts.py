@@ -2,6 +2,7 @@
 instead of hanging: a timeout without MPI fault tolerance, an uncaught
 exception on one rank, a rank that never calls init()."""
 
+import json
 import sys
 import time
 
@@ -80,3 +81,22 @@ def test_rank_exiting_without_finalize_ends_the_job():
     assert "rank 1: the program is exiting without finalize(); finalizing now" in out
     assert "call: allreduce on rank 0; finalize on rank 1" in out
     assert elapsed < 30
+
+
+def test_a_nccl_allreduce_that_a_peer_never_joins_times_out():
+    # NumPy-backed CuPy/NCCL stand-ins: rank 1's NCCL work never starts.
+    code, out = run(rabit_run(2, sys.executable, "tests/programs/nccl_hang.py", "3"),
+                    timeout=120)
+
+    def lines(tag):
+        return [json.loads(line[len(tag) + 1:]) for line in out.splitlines()
+                if line.startswith(tag + " ")]
+    assert sorted(r["rank"] for r in lines("FIRST")) == [0, 1], out[-4000:]
+    assert all(r["message"] == "[2.0, 2.0, 2.0, 2.0]" for r in lines("FIRST"))
+    timeouts = lines("TIMEOUT")
+    assert sorted(r["rank"] for r in timeouts) == [0, 1], out[-4000:]
+    assert all("NCCL allreduce did not complete within 2.7 s" in r["message"]
+               and "communicator was aborted" in r["message"] for r in timeouts)
+    refused = lines("REFUSED")
+    assert sorted(r["rank"] for r in refused) == [0, 1], out[-4000:]
+    assert all("device collectives cannot go on" in r["message"] for r in refused)
