@@ -72,6 +72,24 @@ def plan_buckets(sizes: Sequence[int], dtypes: Sequence[Any], bucket_cap_mb: flo
     return buckets
 
 
+def _array_module(params: Sequence[Any]) -> Any:
+    """numpy or cupy, whichever every parameter belongs to."""
+    from .gpu import is_device_array
+
+    device = [is_device_array(p) for p in params]
+    if any(device) and not all(device):
+        raise TypeError("params mix NumPy and CuPy arrays; GradientBucketer takes one kind")
+    if any(device):
+        import cupy  # noqa: PLC0415 - only for CuPy parameters
+
+        return cupy
+    for i, p in enumerate(params):
+        if not isinstance(p, np.ndarray):
+            raise TypeError(f"params[{i}] is a {type(p).__name__}; GradientBucketer takes "
+                            f"NumPy or CuPy arrays")
+    return np
+
+
 class GradientBucketer:
     """Reduce the gradients of ``params`` across ranks in buckets, overlapped
     with the caller's backward pass (Note [buckets]).
@@ -90,19 +108,21 @@ class GradientBucketer:
             once its allreduce is done (before the bucket counts as done).
 
     Raises:
-        TypeError: a parameter is not a NumPy array (CuPy arrays: the GPU path
-            is not built yet).
+        TypeError: a parameter is neither a NumPy nor a CuPy array, or both
+            kinds are mixed.
         ValueError: bad bucket sizes.
+
+    With CuPy parameters the buckets live on the device and are reduced
+    through rabit_py's device path (NCCL where chosen, Note [device arrays]);
+    a bucket's reduction waits, through an event, for the work queued on the
+    stream that was current when its last gradient was marked ready.
     """
 
     def __init__(self, params: Sequence[np.ndarray], bucket_cap_mb: float = 25.0,
                  first_bucket_mb: float = 1.0, average: bool = True,
                  executor: Optional[Any] = None,
                  on_reduced: Optional[Callable[[int], None]] = None) -> None:
-        for i, p in enumerate(params):
-            if not isinstance(p, np.ndarray):
-                raise TypeError(f"params[{i}] is a {type(p).__name__}; GradientBucketer takes "
-                                f"NumPy arrays (the CuPy/NCCL path is not available yet)")
+        self._xp = _array_module(params)
         self._shapes = [p.shape for p in params]
         self._dtypes = [p.dtype for p in params]
         self.buckets = plan_buckets([p.nbytes for p in params], self._dtypes, bucket_cap_mb,
@@ -117,7 +137,7 @@ class GradientBucketer:
                 self._bucket_of[index] = b
                 self._offset[index] = offset
                 offset += int(np.prod(self._shapes[index], dtype=np.int64))
-            self._flat.append(np.zeros(offset, dtype=self._dtypes[members[0]]))
+            self._flat.append(self._xp.zeros(offset, dtype=self._dtypes[members[0]]))
         self._views = [self._slot(i) for i in range(len(self._shapes))]
         self._lock = threading.Lock()
         self._own_executor = executor is None
@@ -154,7 +174,7 @@ class GradientBucketer:
         """
         if not 0 <= index < len(self._shapes):
             raise IndexError(f"parameter {index} does not exist ({len(self._shapes)} given)")
-        grad = np.asarray(grad)
+        grad = self._xp.asarray(grad)
         if grad.shape != self._shapes[index]:
             raise ValueError(f"gradient of parameter {index} has shape {grad.shape}, the "
                              f"parameter {self._shapes[index]}")
@@ -166,7 +186,7 @@ class GradientBucketer:
             if index in self._written:        # a sum kept by no_sync
                 view += grad
             else:                             # a copy: no zeroing pass over the buckets
-                np.copyto(view, grad)
+                view[...] = grad
                 self._written.add(index)
             self._ready[b].add(index)
             if not self._accumulating:
@@ -175,10 +195,17 @@ class GradientBucketer:
     def _start_complete_buckets(self) -> None:
         while (self._next < len(self.buckets)
                and len(self._ready[self._next]) == len(self.buckets[self._next])):
-            self._futures[self._next] = self._executor.submit(self._reduce, self._next)
+            ready = None
+            if self._xp is not np:
+                # The copies into the bucket were queued on this thread's stream.
+                ready = self._xp.cuda.Event()
+                ready.record(self._xp.cuda.get_current_stream())
+            self._futures[self._next] = self._executor.submit(self._reduce, self._next, ready)
             self._next += 1
 
-    def _reduce(self, bucket: int) -> None:
+    def _reduce(self, bucket: int, ready: Any = None) -> None:
+        if ready is not None:
+            self._xp.cuda.get_current_stream().wait_event(ready)
         api.allreduce(self._flat[bucket], Op.SUM)
         if self._on_reduced is not None:
             self._on_reduced(bucket)

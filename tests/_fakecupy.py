@@ -23,11 +23,6 @@ class _Memory:
         self.ptr = ptr
 
 
-class _Flags:
-    def __init__(self, host: np.ndarray) -> None:
-        self.c_contiguous = host.flags.c_contiguous
-
-
 class Device:
     def __init__(self, id: int = 0) -> None:  # noqa: A002 - CuPy's name
         self.id = id
@@ -42,37 +37,38 @@ class Device:
         pass
 
 
-class ndarray:  # noqa: N801 - CuPy's name
-    """A "device" array: host memory, CuPy's attributes."""
+class ndarray(np.ndarray):  # noqa: N801 - CuPy's name
+    """A "device" array: host memory with CuPy's attributes (a NumPy
+    subclass, so slicing, views and arithmetic behave as CuPy's do)."""
 
+    __module__ = "cupy"                     # how rabit_py recognizes device arrays
     device_of_rank = staticmethod(lambda rank: rank)    # one GPU per rank by default
 
-    def __init__(self, host: np.ndarray) -> None:
-        self._host = np.array(host)                     # owned, C-contiguous
-        self.shape, self.dtype, self.size = self._host.shape, self._host.dtype, self._host.size
-        self.flags = _Flags(self._host)
-        self.device = Device(ndarray.device_of_rank(MPI.COMM_WORLD.Get_rank()))
+    def __new__(cls, host: np.ndarray) -> "ndarray":
+        return np.array(host).view(cls)
 
     @property
-    def data(self) -> _Memory:
-        return _Memory(self._host.ctypes.data)
+    def data(self) -> _Memory:              # CuPy: the device pointer
+        return _Memory(self.ctypes.data)
+
+    @property
+    def device(self) -> Device:
+        return Device(ndarray.device_of_rank(MPI.COMM_WORLD.Get_rank()))
 
     def get(self) -> np.ndarray:
-        return self._host.copy()
+        return np.array(self.view(np.ndarray))
 
     def set(self, host: np.ndarray) -> None:
         assert host.shape == self.shape and host.dtype == self.dtype
-        self._host[...] = host
-
-    def fill(self, value: object) -> None:
-        self._host[...] = value
-
-
-ndarray.__module__ = "cupy"
+        self.view(np.ndarray)[...] = host
 
 
 def asarray(host: np.ndarray) -> ndarray:
-    return ndarray(np.asarray(host))
+    return host if isinstance(host, ndarray) else ndarray(np.asarray(host))
+
+
+def zeros(shape: object, dtype: object = float) -> ndarray:
+    return ndarray(np.zeros(shape, dtype))
 
 
 class Event:
@@ -172,7 +168,7 @@ def install(modules: Dict[str, types.ModuleType] = None) -> types.ModuleType:
     cupy = types.ModuleType("cupy")
     cuda = types.ModuleType("cupy.cuda")
     nccl = types.ModuleType("cupy.cuda.nccl")
-    cupy.ndarray, cupy.asarray, cupy.cuda = ndarray, asarray, cuda
+    cupy.ndarray, cupy.asarray, cupy.zeros, cupy.cuda = ndarray, asarray, zeros, cuda
     cuda.Device, cuda.Stream, cuda.Event = Device, Stream, Event
     cuda.get_current_stream, cuda.nccl = get_current_stream, nccl
     nccl.available, nccl.NcclError = True, NcclError

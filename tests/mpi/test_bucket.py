@@ -115,5 +115,5 @@ def test_bad_calls(session):
             bucketer.wait()
     finally:
         bucketer.close()
-    with pytest.raises(TypeError, match="NumPy arrays"):
+    with pytest.raises(TypeError, match="takes NumPy or CuPy arrays"):
         GradientBucketer([[1.0, 2.0]])

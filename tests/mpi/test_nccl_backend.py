@@ -5,6 +5,7 @@ against MPI on host arrays, and the refusals. The real library is exercised
 by tests/gpu where a GPU is lent (scripts/gpu_check.sh)."""
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -143,3 +144,46 @@ def test_a_mismatch_on_the_nccl_path_is_reported(fake_cupy):
             rabit.allreduce(fake_cupy.ndarray(np.ones(shape)), rabit.Op.SUM)
     finally:
         rabit.finalize()
+
+
+def test_the_bucketer_reduces_cupy_gradients_through_nccl(fake_cupy):
+    from rabit_py.bucket import GradientBucketer
+
+    shapes = [(300, 200), (200,), (200, 50), (50,), (7, 3)]
+    start()
+    try:
+        host_params = [np.zeros(s, dtype=np.float32) for s in shapes]
+        # One communication thread for both, so that every rank makes the
+        # engine's calls in the same order.
+        executor = ThreadPoolExecutor(max_workers=1)
+        device = GradientBucketer([fake_cupy.ndarray(p) for p in host_params],
+                                  bucket_cap_mb=0.2, first_bucket_mb=0.01, executor=executor)
+        host = GradientBucketer(host_params, bucket_cap_mb=0.2, first_bucket_mb=0.01,
+                                executor=executor)
+        assert device.buckets == host.buckets and len(device.buckets) >= 3
+        for step in range(2):
+            # integer-valued gradients: any summation order gives the same bits
+            grads = [((np.arange(np.prod(s)).reshape(s) + RANK + step) % 9).astype(np.float32)
+                     for s in shapes]
+            for index in reversed(range(len(shapes))):
+                if index == 3 and step == 1:
+                    continue                       # an unused parameter: zeros
+                device.mark_ready(index, fake_cupy.ndarray(grads[index]))
+                host.mark_ready(index, grads[index])
+            got = device.wait()
+            want = host.wait()
+            assert all(type(g).__module__ == "cupy" for g in got)
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g.get(), w)
+        nccl = rabit.api._engine.attachment("nccl")
+        assert nccl._comm.calls == 2 * len(device.buckets)
+        executor.shutdown(wait=True)
+    finally:
+        rabit.finalize()
+
+
+def test_the_bucketer_refuses_mixed_arrays(fake_cupy):
+    from rabit_py.bucket import GradientBucketer
+
+    with pytest.raises(TypeError, match="mix NumPy and CuPy"):
+        GradientBucketer([np.zeros(3), fake_cupy.ndarray(np.zeros(3))])
