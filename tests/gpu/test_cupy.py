@@ -1,5 +1,6 @@
 """Device arrays on a real GPU (skipped without CuPy and a device): the staged
-backend in one process and on 2 ranks sharing the GPU, and the torch
+backend in one process and on 2 ranks sharing the GPU, the NCCL backend on
+one rank per GPU (with a GradientBucketer of CuPy parameters), and the torch
 adapter's clear refusal of CUDA tensors. Run by scripts/gpu_check.sh on a GPU
 machine."""
 
@@ -40,6 +41,38 @@ def test_staged_backend_in_one_process():
 def test_two_ranks_share_one_gpu_through_staged():
     code, out = run(rabit_run(2, sys.executable, "-c", PROGRAM), timeout=180)
     assert code == 0 and "GPU OK 0" in out and "GPU OK 1" in out, out
+
+
+NCCL_PROGRAM = r"""
+import cupy, numpy as np, rabit_py as rabit
+from rabit_py.bucket import GradientBucketer
+from rabit_py.gpu._nccl import NcclBackend
+rabit.init(engine="mpi", gpu_backend="nccl")
+rank, size = rabit.get_rank(), rabit.get_world_size()
+cupy.cuda.Device(rank % cupy.cuda.runtime.getDeviceCount()).use()
+for dtype in (cupy.float16, cupy.float32, cupy.float64, cupy.int32, cupy.int64):
+    x = cupy.full((1 << 20,), rank + 1, dtype=dtype)
+    assert rabit.allreduce(x, rabit.Op.SUM) is x
+    assert int(x[-1]) == size * (size + 1) // 2, (dtype, x[-1])
+assert isinstance(rabit.api._engine.attachment("nccl"), NcclBackend)
+params = [cupy.zeros((512, 256), cupy.float32), cupy.zeros(256, cupy.float32)]
+bucketer = GradientBucketer(params, bucket_cap_mb=0.25, first_bucket_mb=0.001)
+for index in reversed(range(len(params))):
+    bucketer.mark_ready(index, cupy.full(params[index].shape, rank + 1.0, cupy.float32))
+grads = bucketer.wait()
+assert all(float(g.min()) == float(g.max()) == (size + 1) / 2 for g in grads)
+bucketer.close()
+print("NCCL OK", rank, flush=True)
+rabit.finalize()
+"""
+
+
+def test_nccl_backend_on_one_rank_per_gpu():
+    ranks = min(DEVICES, 2)
+    cmd = ([sys.executable, "-c", NCCL_PROGRAM] if ranks == 1
+           else rabit_run(ranks, sys.executable, "-c", NCCL_PROGRAM))
+    code, out = run(cmd, timeout=180)
+    assert code == 0 and all(f"NCCL OK {r}" in out for r in range(ranks)), out
 
 
 def test_torch_cuda_tensors_are_refused_clearly():
