@@ -71,6 +71,10 @@ def zeros(shape: object, dtype: object = float) -> ndarray:
     return ndarray(np.zeros(shape, dtype))
 
 
+def array(host: np.ndarray) -> ndarray:
+    return ndarray(np.array(host))
+
+
 class Event:
     def record(self, stream: "Stream" = None) -> None:
         pass
@@ -169,6 +173,10 @@ def install(modules: Dict[str, types.ModuleType] = None) -> types.ModuleType:
     cuda = types.ModuleType("cupy.cuda")
     nccl = types.ModuleType("cupy.cuda.nccl")
     cupy.ndarray, cupy.asarray, cupy.zeros, cupy.cuda = ndarray, asarray, zeros, cuda
+    cupy.array = array
+    # Anything else (exp, log, maximum, arange...): NumPy's; ufuncs keep the
+    # "device" array type.
+    cupy.__getattr__ = lambda name: getattr(np, name)
     cuda.Device, cuda.Stream, cuda.Event = Device, Stream, Event
     cuda.get_current_stream, cuda.nccl = get_current_stream, nccl
     nccl.available, nccl.NcclError = True, NcclError

@@ -24,6 +24,7 @@ import numpy as np
 
 import rabit_py as rabit
 from rabit_py.bucket import GradientBucketer
+from rabit_py.gpu import to_host
 
 from ._common import ensure_init, global_offset, progress, resume_state, state_key
 from .data import check_features, check_labels, load_shard
@@ -43,20 +44,29 @@ class MLPClassifier:
         learning_rate: step size.
         optimizer: ``"adam"`` or ``"sgd"``.
         checkpoint_every: steps between checkpoints.
-        bucket_cap_mb: the bucketer's bucket size.
+        bucket_cap_mb, first_bucket_mb: the bucketer's bucket sizes.
         seed: initial weights and batch order.
         verbose: progress bar on rank 0.
+        device: ``"cpu"`` (NumPy) or ``"cuda"`` (CuPy: the same code on the
+            current GPU; gradients reduced through rabit_py's device path,
+            NCCL where chosen; checkpoints hold host copies).
 
-    After :meth:`fit`: ``params_`` (list of arrays: W0, b0, W1, b1, ...),
-    ``loss_`` (the last batch's mean loss).
+    After :meth:`fit`: ``params_`` (list of NumPy arrays: W0, b0, W1, b1,
+    ...), ``loss_`` (the last batch's mean loss).
+
+    Raises:
+        ValueError: bad settings. ImportError: ``device="cuda"`` without CuPy.
     """
 
     def __init__(self, hidden: Sequence[int] = (64,), n_classes: int = 2, steps: int = 200,
                  batch_size: int = 256, learning_rate: float = 1e-3, optimizer: str = "adam",
                  checkpoint_every: int = 10, bucket_cap_mb: float = 25.0, seed: int = 0,
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, device: str = "cpu",
+                 first_bucket_mb: float = 1.0) -> None:
         if optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer={optimizer!r}: use 'adam' or 'sgd'")
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device={device!r}: use 'cpu' or 'cuda'")
         if n_classes < 2 or steps < 0 or batch_size < 1 or checkpoint_every < 1:
             raise ValueError("need n_classes >= 2, steps >= 0, batch_size >= 1, "
                              "checkpoint_every >= 1")
@@ -64,6 +74,7 @@ class MLPClassifier:
         self.batch_size, self.learning_rate = int(batch_size), float(learning_rate)
         self.optimizer, self.checkpoint_every = optimizer, int(checkpoint_every)
         self.bucket_cap_mb, self.seed, self.verbose = bucket_cap_mb, int(seed), verbose
+        self.device, self.first_bucket_mb = device, first_bucket_mb
         self.params_: Optional[List[np.ndarray]] = None
         self.loss_: Optional[float] = None
 
@@ -94,11 +105,14 @@ class MLPClassifier:
             state = {"trainer": "mlp", "key": state_key(key), "step": 0, "params": params,
                      "m": [np.zeros_like(p) for p in params],
                      "v": [np.zeros_like(p) for p in params], "loss": float("nan")}
-        params = [p.copy() for p in state["params"]]
-        m = [a.copy() for a in state["m"]]
-        v = [a.copy() for a in state["v"]]
+        xp = self._xp()
+        params = [xp.array(p) for p in state["params"]]
+        m = [xp.array(a) for a in state["m"]]
+        v = [xp.array(a) for a in state["v"]]
         loss = state["loss"]
-        bucketer = GradientBucketer(params, bucket_cap_mb=self.bucket_cap_mb, average=False)
+        X, y = xp.asarray(X), xp.asarray(y)
+        bucketer = GradientBucketer(params, bucket_cap_mb=self.bucket_cap_mb,
+                                    first_bucket_mb=self.first_bucket_mb, average=False)
         order = np.random.default_rng([self.seed, 1]).permutation(n_total)
         per_epoch = max(1, n_total // self.batch_size)
         try:
@@ -107,24 +121,32 @@ class MLPClassifier:
             for step in bar:
                 start = (step % per_epoch) * self.batch_size
                 batch = order[start:start + self.batch_size]
-                mine = batch[(batch >= offset) & (batch < offset + X.shape[0])] - offset
-                local_loss = self._backward(params, X[mine], y[mine], bucketer)
+                mine = xp.asarray(batch[(batch >= offset) & (batch < offset + X.shape[0])]
+                                  - offset)
+                local_loss = self._backward(xp, params, X[mine], y[mine], bucketer)
                 grads = bucketer.wait()
                 loss_sum = rabit.allreduce(np.array([local_loss]), rabit.Op.SUM)[0]
                 loss = float(loss_sum / batch.size)
-                self._update(params, [g / batch.size for g in grads], m, v, step + 1)
+                self._update(xp, params, [g / batch.size for g in grads], m, v, step + 1)
                 if hasattr(bar, "set_postfix"):
                     bar.set_postfix(loss=f"{loss:.4f}")
                 if (step + 1) % self.checkpoint_every == 0 or step + 1 == self.steps:
-                    rabit.checkpoint({**state, "step": step + 1, "params": params, "m": m,
-                                      "v": v, "loss": loss})
+                    rabit.checkpoint({**state, "step": step + 1, "params": _host(params),
+                                      "m": _host(m), "v": _host(v), "loss": loss})
         finally:
             bucketer.close()
-        self.params_, self.loss_ = params, loss
+        self.params_, self.loss_ = _host(params), loss
         return self
 
-    def _backward(self, params: List[np.ndarray], X: np.ndarray, y: np.ndarray,
-                  bucketer: GradientBucketer) -> float:
+    def _xp(self):  # type: ignore[no-untyped-def]
+        if self.device == "cpu":
+            return np
+        import cupy  # noqa: PLC0415 - optional, for device="cuda" only
+
+        return cupy
+
+    def _backward(self, xp, params: List[np.ndarray], X: np.ndarray,  # type: ignore[no-untyped-def]
+                  y: np.ndarray, bucketer: GradientBucketer) -> float:
         """Forward and backward over this rank's rows of the batch; each layer's
         gradients (sums over the rows) go to the bucketer as soon as they
         exist. Returns the summed loss."""
@@ -132,13 +154,14 @@ class MLPClassifier:
         n_layers = len(params) // 2
         for layer in range(n_layers):
             z = activations[-1] @ params[2 * layer] + params[2 * layer + 1]
-            activations.append(np.maximum(z, 0.0) if layer < n_layers - 1 else z)
+            activations.append(xp.maximum(z, 0.0) if layer < n_layers - 1 else z)
         logits = activations[-1]
         shifted = logits - logits.max(axis=1, keepdims=True) if logits.size else logits
-        log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-        loss = float(-log_p[np.arange(y.size), y].sum())
-        delta = np.exp(log_p)
-        delta[np.arange(y.size), y] -= 1.0
+        log_p = shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
+        rows = xp.arange(y.size)
+        loss = float(-log_p[rows, y].sum())
+        delta = xp.exp(log_p)
+        delta[rows, y] -= 1.0
         for layer in reversed(range(n_layers)):
             bucketer.mark_ready(2 * layer, activations[layer].T @ delta)
             bucketer.mark_ready(2 * layer + 1, delta.sum(axis=0))
@@ -146,8 +169,9 @@ class MLPClassifier:
                 delta = (delta @ params[2 * layer].T) * (activations[layer] > 0)
         return loss
 
-    def _update(self, params: List[np.ndarray], grads: List[np.ndarray], m: List[np.ndarray],
-                v: List[np.ndarray], t: int) -> None:
+    def _update(self, xp, params: List[np.ndarray],  # type: ignore[no-untyped-def]
+                grads: List[np.ndarray], m: List[np.ndarray], v: List[np.ndarray],
+                t: int) -> None:
         lr = self.learning_rate
         for p, g, mi, vi in zip(params, grads, m, v):
             if self.optimizer == "sgd":
@@ -157,7 +181,7 @@ class MLPClassifier:
             mi += 0.1 * g
             vi *= 0.999
             vi += 0.001 * g * g
-            p -= lr * (mi / (1 - 0.9 ** t)) / (np.sqrt(vi / (1 - 0.999 ** t)) + 1e-8)
+            p -= lr * (mi / (1 - 0.9 ** t)) / (xp.sqrt(vi / (1 - 0.999 ** t)) + 1e-8)
 
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
         """Class probabilities (no MPI needed)."""
@@ -177,6 +201,11 @@ class MLPClassifier:
         return self.predict_proba(X).argmax(axis=1)
 
 
+def _host(arrays: List[np.ndarray]) -> List[np.ndarray]:
+    """NumPy copies of device arrays (NumPy arrays as they are)."""
+    return [to_host(a) for a in arrays]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m trainers.mlp --train data.npy --classes 2 --out model.json``"""
     parser = argparse.ArgumentParser(prog="rabit-mlp", description=__doc__.splitlines()[0])
@@ -187,6 +216,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="NumPy on the CPU or CuPy on the current GPU")
     parser.add_argument("--out", help="write the parameters as JSON here (rank 0)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
@@ -194,7 +225,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         X, y = load_shard(args.train, args.label_column)
         model = MLPClassifier([int(h) for h in args.hidden.split(",") if h], args.classes,
                               args.steps, args.batch_size, args.lr,
-                              verbose=not args.quiet).fit(X, y)
+                              verbose=not args.quiet, device=args.device).fit(X, y)
         if rabit.get_rank() == 0:
             print(f"loss {model.loss_:.6f} after {args.steps} steps", flush=True)
             if args.out:

@@ -187,3 +187,34 @@ def test_the_bucketer_refuses_mixed_arrays(fake_cupy):
 
     with pytest.raises(TypeError, match="mix NumPy and CuPy"):
         GradientBucketer([np.zeros(3), fake_cupy.ndarray(np.zeros(3))])
+
+
+def test_the_mlp_on_the_device_path_matches_the_cpu(fake_cupy):
+    from rabit_py.bucket import plan_buckets
+    from trainers.mlp import MLPClassifier
+
+    rng = np.random.default_rng(7)
+    X_all = rng.normal(size=(96 * SIZE, 5))
+    y_all = (X_all[:, 0] + X_all[:, 1] ** 2 > 1).astype(np.int64)
+    rows = slice(96 * RANK, 96 * (RANK + 1))
+    fitted = {}
+    for device in ("cpu", "cuda"):
+        start()
+        try:
+            model = MLPClassifier([8], 2, steps=6, batch_size=64, learning_rate=0.05,
+                                  checkpoint_every=3, bucket_cap_mb=0.001, device=device,
+                                  first_bucket_mb=0.0002)
+            fitted[device] = model.fit(X_all[rows], y_all[rows])
+            if device == "cuda":
+                shapes = [p.shape for p in model.params_]
+                buckets = plan_buckets([8 * int(np.prod(s)) for s in shapes],
+                                       [np.float64] * len(shapes), 0.001, 0.0002)
+                assert len(buckets) >= 2
+                # every bucket of every step went through NCCL
+                assert rabit.api._engine.attachment("nccl")._comm.calls == 6 * len(buckets)
+        finally:
+            rabit.finalize()
+    for a, b in zip(fitted["cpu"].params_, fitted["cuda"].params_):
+        assert type(b) is np.ndarray                 # params_ are host arrays
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-15)
+    assert abs(fitted["cpu"].loss_ - fitted["cuda"].loss_) < 1e-12
