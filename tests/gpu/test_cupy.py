@@ -67,7 +67,7 @@ rng = np.random.default_rng(rank)
 X = rng.normal(size=(512, 10)); y = (X[:, 0] > 0).astype(np.int64)
 gpu = MLPClassifier([32], 2, steps=20, device="cuda").fit(X, y)
 cpu = MLPClassifier([32], 2, steps=20, device="cpu").fit(X, y)
-assert all(np.allclose(a, b, rtol=1e-9, atol=1e-12) for a, b in zip(gpu.params_, cpu.params_))
+assert all(np.allclose(a, b, rtol=1e-6, atol=1e-9) for a, b in zip(gpu.params_, cpu.params_))
 print("NCCL OK", rank, flush=True)
 rabit.finalize()
 """
