@@ -91,7 +91,11 @@ class Stream:
     def done(self) -> bool:
         if self.stuck:
             return False
-        self.requests = [r for r in self.requests if not r.Test()]
+        try:
+            self.requests = [r for r in self.requests if not r.Test()]
+        except MPI.Exception:
+            self.stuck = True           # a peer died: NCCL would wait for good
+            return False
         return not self.requests
 
     def wait_event(self, event: Event) -> None:
@@ -124,10 +128,11 @@ class NcclCommunicator:
     created: List["NcclCommunicator"] = []
 
     def __init__(self, ndev: int, uid: tuple, rank: int) -> None:
-        world = MPI.COMM_WORLD
-        assert ndev == world.Get_size() and rank == world.Get_rank(), (ndev, rank)
+        base = BASE_COMM()
+        assert ndev == base.Get_size() and rank == base.Get_rank(), (ndev, rank)
         assert len(uid) == 128
-        self._comm = world.Dup()
+        self._comm = base.Dup()
+        self._comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.calls = 0
         self.aborted = self.destroyed = False
         NcclCommunicator.created.append(self)
@@ -140,7 +145,7 @@ class NcclCommunicator:
         buf = np.ctypeslib.as_array((ctypes.c_byte * (count * dtype.itemsize))
                                     .from_address(recvbuf)).view(dtype)
         queue = _STREAMS[stream]
-        if MPI.COMM_WORLD.Get_rank() in HANG_RANKS:
+        if BASE_COMM().Get_rank() in HANG_RANKS:
             queue.stuck = True
             return
         send = MPI.IN_PLACE if sendbuf == recvbuf else np.ctypeslib.as_array(
@@ -159,6 +164,10 @@ class NcclCommunicator:
 
 
 HANG_RANKS: set = set()
+# The MPI communicator that the stand-in NCCL communicators are made over:
+# the job's ranks. A program that recovers sets it to its engine's.
+def BASE_COMM() -> MPI.Comm:  # noqa: N802 - a setting a program may replace
+    return MPI.COMM_WORLD
 
 
 def get_unique_id() -> tuple:

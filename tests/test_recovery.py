@@ -264,3 +264,34 @@ def test_spares_need_the_robust_engine():
                     timeout=60, env={"RABIT_SPARES": "1"})
     assert code != 0
     assert "RABIT_SPARES=1: spares replace failed ranks, which only the robust engine" in out
+
+
+# ---------------------------------------------------------------- NCCL (stand-ins)
+NCCL_PROGRAM = [sys.executable, "tests/programs/nccl_recover.py"]
+
+
+def nccl_job(env, spares=0):
+    env = {"RABIT_TIMEOUT": "45", "RABIT_GPU_BACKEND": "nccl", **env}
+    code, out = run(rabit_run(RANKS, *NCCL_PROGRAM, spares=spares), timeout=120, env=env)
+    return out, {r["rank"]: r for r in parse(out, "RESULT")}
+
+
+@pytest.mark.parametrize("check,spares", [("1", 0), ("0", 1)])
+def test_a_rank_killed_around_nccl_allreduces_is_recovered_bitwise(check, spares):
+    # With the signature check off, the survivors are inside the NCCL call
+    # (waiting for the dead peer) when it dies: MPI's detector must get them out.
+    out, reference = nccl_job({"RABIT_ENGINE": "robust", "RABIT_CHECK": check})
+    assert sorted(reference) == list(range(RANKS)), out[-6000:]
+    assert all(r["communicators"] == 1 for r in reference.values())
+    out, results = nccl_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,2,1,0",
+                             "RABIT_CHECK": check}, spares=spares)
+    assert sorted(results) == list(range(RANKS)), out[-6000:]
+    for rank, r in results.items():
+        assert r["model"] == reference[rank]["model"], f"rank {rank} differs"
+        assert r["world"] == RANKS
+    assert results[1]["joined"] == ("spare" if spares else "spawned")
+    # the replacement's calls of version 2 before the kill were served from
+    # the cache; from the killed call on it ran them (prepare_fun included)
+    assert results[1]["prepared"] == [2, 3, 4, 5]
+    # the survivors made a new NCCL communicator for the new membership
+    assert all(results[r]["communicators"] == 2 for r in (0, 2, 3))

@@ -54,6 +54,7 @@ _BOOL_OPS = {Op.MAX: MPI.LOR, Op.MIN: MPI.LAND, Op.BITOR: MPI.LOR,
 _SHM_CUSTOM_MIN_BYTES = 256 << 10
 _ERR_PROC_FAILED = getattr(MPI, "ERR_PROC_FAILED", 75)
 _ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
+_PEER_PROBE_TAG = 7399          # never sent: probing it only drives MPI's progress
 
 _NO_LAZY = object()
 
@@ -117,6 +118,7 @@ class MpiEngine(Engine):
         self._header_sent: Optional[list] = None   # what _header holds, if we sent it
         self._broadcast_payload: Optional[Any] = None
         self._attachments: Dict[str, Any] = {}
+        self._membership = 0
         self._watchdog = (Watchdog(config.timeout, self._on_timeout)
                           if config.timeout > 0 and self._size > 1 else None)
         self._saved_excepthook = None
@@ -172,11 +174,11 @@ class MpiEngine(Engine):
 
     # ------------------------------------------------------- device support
     @property
-    def supports_device_collectives(self) -> bool:
-        """Whether collectives may run outside the engine's MPI calls (NCCL):
-        the plain engine keeps nothing for replay, so it may; the robust
-        engine may not (its results must be cached for recovery)."""
-        return True
+    def replays_results(self) -> bool:
+        """Whether a replacement's calls may be answered from a cache (the
+        robust engine): then a device transport must not make collective
+        decisions at every call, only inside executed ones."""
+        return False
 
     def device_collective(self, kind: int, call: Optional[tuple],
                           run: Callable[[], Any]) -> Any:
@@ -193,6 +195,39 @@ class MpiEngine(Engine):
             return run()
         finally:
             self._leave()
+
+    @property
+    def membership(self) -> int:
+        """Changes whenever the ranks behind the rank numbers change (a
+        recovery): transports made for the old ones must be made again."""
+        return self._membership
+
+    def check_peers(self) -> None:
+        """Raise the engine's failure if MPI knows a peer is gone (for
+        transports that would wait for it forever, such as NCCL)."""
+        if self._size == 1 or not self._ulfm:
+            return
+        try:
+            self._comm.Iprobe(MPI.ANY_SOURCE, _PEER_PROBE_TAG)   # lets MPI make progress
+            failed = self._comm.Get_failed().Get_size()
+        except MPI.Exception as exc:
+            raise self._failure(exc) from exc
+        if failed:
+            raise self._failure(MPI.Exception(_ERR_PROC_FAILED))
+
+    def device_allreduce(self, data: Any, op: OpLike, prepare_fun: Optional[PrepareFn],
+                         reduce: Callable[[], None]) -> Any:
+        """An allreduce of a device array run by ``reduce()`` on another
+        transport (NCCL), as one of this engine's calls (see
+        :meth:`device_collective`); ``prepare_fun`` fills ``data`` first."""
+        def run() -> Any:
+            if prepare_fun is not None:
+                prepare_fun(data)
+            reduce()
+            return data
+
+        return self.device_collective(Kind.ALLREDUCE, (op, data.dtype, tuple(data.shape), None),
+                                      run)
 
     def side_allgather(self, obj: Any) -> List[Any]:
         """Every rank's ``obj``, outside the numbered calls (for setting up a

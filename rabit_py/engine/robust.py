@@ -135,8 +135,33 @@ class RobustEngine(MpiEngine):
                      self._rank, self._trial)
 
     @property
-    def supports_device_collectives(self) -> bool:
-        return False            # every result must be kept for replay
+    def replays_results(self) -> bool:
+        return True
+
+    def device_allreduce(self, data: Any, op: OpLike, prepare_fun: Optional[PrepareFn],
+                         reduce: Callable[[], None]) -> Any:
+        """As :meth:`allreduce`, for a device array reduced by ``reduce()``
+        (NCCL): numbered, its result kept (a host copy) and served to a
+        replacement, run again after a failure from a copy of the input
+        (on the device) unless ``prepare_fun`` remakes it."""
+        key = self._next_key()
+        signature = (Kind.ALLREDUCE, op_code(op), data.dtype.str, tuple(data.shape))
+        backup = data.copy() if prepare_fun is None and self._size > 1 else None
+
+        def execute() -> Any:
+            if backup is not None:
+                data[...] = backup
+            self._seqno = key[1]
+            super(RobustEngine, self).device_allreduce(data, op, prepare_fun, reduce)
+            self._cache.put_array(key, Kind.ALLREDUCE, signature, data.get())
+            self._thin(key)
+            return data
+
+        def serve(entry: Entry) -> Any:
+            data.set(np.ascontiguousarray(entry.payload))
+            return data
+
+        return self._call(Kind.ALLREDUCE, key, signature, execute, serve, None)
 
     # ------------------------------------------------------------ collectives
     def allreduce(self, data: np.ndarray, op: OpLike,
@@ -550,6 +575,7 @@ class RobustEngine(MpiEngine):
             self._trials[rank] = self._trials.get(rank, 0) + 1
         old = (self._comm, self._ctrl)
         self._adopt(new)
+        self._membership += 1
         for c in old + (new,):
             try:
                 c.Free()

@@ -10,10 +10,14 @@ is chosen by ``RABIT_GPU_BACKEND`` (``Config.gpu_backend``):
   the device array. For machines where ranks share a GPU or NCCL is missing,
   and for the robust engine.
 - ``nccl``: allreduce through ``cupy.cuda.nccl`` on the devices (Note [nccl
-  backend] in ``_nccl.py``); the plain engine only.
-- ``auto``: ``nccl`` where every rank can use it (the plain engine, NCCL
-  importable everywhere, no two ranks of a node on one device; decided once,
-  together, at the first device allreduce), else ``staged``.
+  backend] in ``_nccl.py``), one GPU per rank; with the robust engine too
+  (results kept as host copies for replay, the communicator made again after
+  a recovery).
+- ``auto``: with the plain engine, ``nccl`` where every rank can use it
+  (NCCL importable everywhere, no two ranks of a node on one device; decided
+  once, together, at the first device allreduce), else ``staged``; with the
+  robust engine ``staged`` (a decision made together cannot be made while a
+  replacement replays).
 
 Nothing here imports CuPy unless a device array is passed: an array is a
 device array when its type comes from the ``cupy`` package.
@@ -51,17 +55,18 @@ def _nccl_backend(engine: Any, backend: str, data: Any, op: Any) -> Any:
         return None
     from ._nccl import ATTACHMENT, NcclBackend, nccl_reason, takes_nccl
 
-    if not getattr(engine, "supports_device_collectives", False):
-        if backend == "nccl":
-            raise RabitError(
-                f"rank {engine.rank}: RABIT_GPU_BACKEND=nccl needs the plain engine "
-                f"(engine='mpi'): the robust engine must keep every result for replay, which "
-                f"it does for device arrays staged through host memory "
-                f"(RABIT_GPU_BACKEND=staged or auto)")
-        return None
     if not takes_nccl(data, op):
         return None
     chosen = engine.attachment(ATTACHMENT)
+    if getattr(engine, "replays_results", False):
+        # The robust engine: a replacement's calls may be served from the
+        # cache while the others wait in recovery rounds, so no collective
+        # decision here; NCCL only when asked for (one GPU per rank assumed).
+        if backend != "nccl":
+            return None
+        if chosen is None:
+            chosen = engine.attach(ATTACHMENT, NcclBackend(engine, int(data.device.id)))
+        return chosen
     if chosen is not None:
         return None if isinstance(chosen, _Staged) else chosen
     # Every rank must take the same path: decide together.

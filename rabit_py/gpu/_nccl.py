@@ -10,19 +10,24 @@ in place on a dedicated stream that first waits, through an event, for the
 work already queued on the caller's stream (the producer of the gradients);
 the call returns when that stream is done, like every rabit_py collective.
 
-The engine frames the call (numbering, signature check, watchdog), so a
+The engine frames the call (``device_allreduce``: numbering, signature
+check, watchdog; the robust engine also keeps a host copy of the result for
+replay and a device copy of the input to run the call again), so a
 mismatched call is reported as for NumPy arrays. NCCL itself never gives up
 on a peer that is gone: the wait polls the stream, asks NCCL for an
-asynchronous error, and past the engine's timeout aborts the communicator
-and raises ``CollectiveTimeoutError`` (the engine's watchdog ends a job
-without MPI fault tolerance at the same time). After an abort or a NCCL
-error the backend refuses further calls with a clear error.
+asynchronous error, and asks MPI whether a peer failed (``check_peers``:
+ULFM's detector knows). A dead peer drops the communicator and raises the
+engine's failure: the robust engine recovers (a spare or a new process takes
+the rank), and the next executed call makes a new communicator for the new
+membership (``engine.membership``); the plain engine reports it. Past the
+engine's timeout the wait aborts the communicator and raises
+``CollectiveTimeoutError``; after that or a NCCL error the backend refuses
+further calls with a clear error.
 
 Only allreduce goes through NCCL: broadcast and allgather (whose arrays may
 differ from rank to rank, or be absent on receivers) stay on the staged path,
 as do dtypes and ops that NCCL lacks (bool, bitwise ops, custom reducers)
-and non-contiguous arrays. The robust engine keeps the staged path: NCCL
-results would have to be kept for replay (not built).
+and non-contiguous arrays.
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
-from ..engine._signature import Kind
 from ..errors import CollectiveTimeoutError, RabitError
 from ..ops import Op
 
@@ -81,26 +85,24 @@ class NcclBackend:
     """The NCCL communicator of one engine (Note [nccl backend]).
 
     Args:
-        engine: the job's engine (the plain one); collective: every rank
-            constructs it at the same call.
+        engine: the job's engine.
         device: the CUDA device this rank uses.
 
-    Raises:
-        RabitError: NCCL cannot be set up (the message says why).
+    The communicator itself is made (collectively) inside the first call,
+    and made again after the engine's membership changed (a recovery).
     """
 
     def __init__(self, engine: Any, device: int) -> None:
         cupy, nccl = _modules()
         self._cupy, self._nccl = cupy, nccl
         self._engine = engine
-        self._rank = engine.rank
         self._broken: Optional[str] = None
-        uid = nccl.get_unique_id() if engine.rank == 0 else None
-        uid = engine.side_allgather(uid)[0]
-        with cupy.cuda.Device(device):
-            self._comm = nccl.NcclCommunicator(engine.world_size, uid, engine.rank)
-            self._stream = cupy.cuda.Stream(non_blocking=True)
+        self._comm: Any = None
+        self._membership = -1
         self.device = device
+        self.communicators_made = 0
+        with cupy.cuda.Device(device):
+            self._stream = cupy.cuda.Stream(non_blocking=True)
 
     def allreduce(self, data: Any, op: Any, prepare_fun: Optional[Callable[[Any], None]]) -> Any:
         """Reduce the CuPy array ``data`` in place across ranks; returns it.
@@ -111,20 +113,38 @@ class NcclBackend:
                 (the communicator is aborted).
             RabitError: an earlier NCCL failure made the backend unusable, or
                 NCCL reported an error.
+            PeerFailure (internal): a peer died; the robust engine recovers
+                and runs the call again on a new communicator.
         """
-        call = (op, data.dtype, tuple(data.shape), None)
+        return self._engine.device_allreduce(data, op, prepare_fun,
+                                             lambda: self._run(data, op))
 
-        def run() -> Any:
-            if self._broken is not None:
-                raise RabitError(self._broken)
-            if prepare_fun is not None:
-                prepare_fun(data)
-            self._run(data, op)
-            return data
-
-        return self._engine.device_collective(Kind.ALLREDUCE, call, run)
+    def _ensure_communicator(self) -> None:
+        """Make the communicator for the engine's current membership
+        (collective: every rank gets here at the same executed call)."""
+        membership = self._engine.membership
+        if self._comm is not None and self._membership == membership:
+            return
+        if self._comm is not None:
+            try:
+                self._comm.abort()      # made for ranks that are gone
+            except Exception:  # noqa: BLE001 - already failed
+                pass
+            # and a new stream: the old one may hold the aborted operation
+            with self._cupy.cuda.Device(self.device):
+                self._stream = self._cupy.cuda.Stream(non_blocking=True)
+        nccl = self._nccl
+        uid = nccl.get_unique_id() if self._engine.rank == 0 else None
+        uid = self._engine.side_allgather(uid)[0]
+        with self._cupy.cuda.Device(self.device):
+            self._comm = nccl.NcclCommunicator(self._engine.world_size, uid, self._engine.rank)
+        self._membership = membership
+        self.communicators_made += 1
 
     def _run(self, data: Any, op: Any) -> None:
+        if self._broken is not None:
+            raise RabitError(self._broken)
+        self._ensure_communicator()
         cupy, nccl = self._cupy, self._nccl
         dtype = getattr(nccl, _DTYPES[data.dtype.char])
         code = getattr(nccl, _OPS[op])
@@ -149,6 +169,13 @@ class NcclBackend:
                 self._comm.check_async_error()
             except Exception as exc:  # noqa: BLE001 - nccl.NcclError
                 raise self._fail(f"NCCL reported an error: {exc}") from exc
+            try:
+                # NCCL waits for a dead peer forever: ask MPI, whose failure
+                # detector knows (raises the engine's failure).
+                self._engine.check_peers()
+            except BaseException:
+                self._abandon()
+                raise
             elapsed = time.monotonic() - start
             if timeout > 0 and elapsed > timeout:
                 raise self._fail(
@@ -158,9 +185,20 @@ class NcclBackend:
             if elapsed > _SPIN_SECONDS:
                 time.sleep(1e-4)
 
+    def _abandon(self) -> None:
+        """A peer died mid-call: drop the communicator (the robust engine
+        recovers and the next executed call makes a new one)."""
+        try:
+            self._comm.abort()
+        except Exception:  # noqa: BLE001 - aborting after a failure
+            pass
+        self._comm = None
+        with self._cupy.cuda.Device(self.device):   # the old stream holds the aborted work
+            self._stream = self._cupy.cuda.Stream(non_blocking=True)
+
     def _fail(self, what: str, kind: type = RabitError) -> BaseException:
-        self._broken = (f"rank {self._rank}: {what}; device collectives cannot go on in this "
-                        f"job (RABIT_GPU_BACKEND=staged avoids NCCL)")
+        self._broken = (f"rank {self._engine.rank}: {what}; device collectives cannot go on "
+                        f"in this job (RABIT_GPU_BACKEND=staged avoids NCCL)")
         try:
             self._comm.abort()
         except Exception:  # noqa: BLE001 - aborting a communicator already failed
@@ -170,7 +208,7 @@ class NcclBackend:
     def close(self) -> None:
         """Release the communicator (at the engine's finalize)."""
         try:
-            if self._broken is None:
+            if self._broken is None and self._comm is not None:
                 self._stream.synchronize()
                 self._comm.destroy()
         except Exception:  # noqa: BLE001 - nothing to do about it at finalize
