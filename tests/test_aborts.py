@@ -49,6 +49,7 @@ def timed_run(cmd):
     ("uncaught_exception_on_one_rank",
      ["RuntimeError: bug on rank 1", "rank 1: uncaught RuntimeError; aborting the job"]),
     ("rank_missing_at_init", ["rank 0: init() did not complete within 2 s"]),
+    ("rank_missing_at_init_with_a_spare", ["rank 0: init() did not complete within 2 s"]),
 ])
 def test_job_ends_with_the_message(case, expected):
     if case == "timeout_without_fault_tolerance":
@@ -56,7 +57,7 @@ def test_job_ends_with_the_message(case, expected):
                sys.executable, "-c", SKIPPER]
     else:
         program = RAISER if case == "uncaught_exception_on_one_rank" else LATE_INIT
-        cmd = rabit_run(2, sys.executable, "-c", program)
+        cmd = rabit_run(2, sys.executable, "-c", program, spares=int("spare" in case))
     code, out, elapsed = timed_run(cmd)
     assert code != 0
     for text in expected:

@@ -55,7 +55,7 @@ from ._spares import SparePool, exit_released
 from ._validate import check_allreduce
 from ._watchdog import FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, Watchdog
 from .base import CheckpointResult, PrepareFn
-from .mpi import (_ERR_PROC_FAILED, _ERR_REVOKED, _NO_LAZY, MpiEngine, abort_job,
+from .mpi import (_ERR_PROC_FAILED, _ERR_REVOKED, _NO_LAZY, MpiEngine, _abort_init, abort_job,
                   ulfm_enabled)
 
 __all__ = ["RobustEngine"]
@@ -102,7 +102,20 @@ class RobustEngine(MpiEngine):
             if comm is not None:
                 raise ValueError("spares (RABIT_SPARES) are taken from MPI.COMM_WORLD: they "
                                  "cannot be used with init(comm=...)")
-            pool, comm = SparePool.start(config.spares)
+            # Collective over every process: a rank that never calls init()
+            # must not hang the others (as in MpiEngine's own start).
+            world_rank = MPI.COMM_WORLD.Get_rank()
+            guard = (Watchdog(config.timeout,
+                              lambda _: _abort_init(MPI.COMM_WORLD, world_rank, config.timeout))
+                     if config.timeout > 0 else None)
+            if guard is not None:
+                guard.enter("init")
+            try:
+                pool, comm = SparePool.start(config.spares)
+            finally:
+                if guard is not None:
+                    guard.leave()
+                    guard.stop()
             owned = True
             if comm is None:
                 comm, state = _serve_as_spare(pool, config)
