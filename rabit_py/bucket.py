@@ -17,12 +17,13 @@ and returns the reduced gradients as views into the buckets (no copy back).
 
 Only the communication thread makes collective calls between ``mark_ready``
 and ``wait``: the caller must not call rabit collectives in that window.
-Several bucketers may share one communication thread (``executor``): their
-buckets are then reduced in the order they were started, across bucketers,
-which is how :class:`rabit_py.kvstore.KVStore` keeps every rank's calls in
-one order. ``on_reduced`` runs on that thread after each bucket's allreduce
-(the store applies its optimizer there, overlapped with later buckets), and
-``wait_for`` waits for one parameter's bucket only.
+Bucketers share one communication thread (the engine's, or an
+``executor`` given to several): their buckets are reduced in the order they
+were started, across bucketers, which keeps every rank's calls in one order
+(two threads calling the engine at once would not). ``on_reduced`` runs on
+that thread after each bucket's allreduce (the KVStore applies its optimizer
+there, overlapped with later buckets), and ``wait_for`` waits for one
+parameter's bucket only.
 """
 
 from __future__ import annotations
@@ -72,6 +73,36 @@ def plan_buckets(sizes: Sequence[int], dtypes: Sequence[Any], bucket_cap_mb: flo
     return buckets
 
 
+_THREAD = "bucket-thread"
+
+
+class _SharedThread:
+    """The engine's communication thread for bucketers (an attachment:
+    closed at finalize)."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rabit-bucket")
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        return self._pool.submit(fn, *args)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _shared_thread() -> _SharedThread:
+    """The current engine's bucket thread (made at first use).
+
+    Raises:
+        NotInitializedError: before ``rabit_py.init()``.
+    """
+    engine = api._current()
+    thread = engine.attachment(_THREAD)
+    if thread is None:
+        thread = engine.attach(_THREAD, _SharedThread())
+    return thread
+
+
 def _array_module(params: Sequence[Any]) -> Any:
     """numpy or cupy, whichever every parameter belongs to."""
     from .gpu import is_device_array
@@ -103,7 +134,10 @@ class GradientBucketer:
         executor: what runs the allreduces, shared with other bucketers: an
             object whose ``submit(fn, *args)`` returns a Future and runs tasks
             one at a time in submission order, such as a one-thread
-            ``ThreadPoolExecutor`` (default: a thread of its own).
+            ``ThreadPoolExecutor`` (default: the engine's one communication
+            thread, shared by every bucketer made without an executor, so
+            that their collective calls come in one order on every rank;
+            stopped at ``finalize``).
         on_reduced: called on the communication thread with a bucket's index
             once its allreduce is done (before the bucket counts as done).
 
@@ -140,9 +174,7 @@ class GradientBucketer:
             self._flat.append(self._xp.zeros(offset, dtype=self._dtypes[members[0]]))
         self._views = [self._slot(i) for i in range(len(self._shapes))]
         self._lock = threading.Lock()
-        self._own_executor = executor is None
-        self._executor = executor or ThreadPoolExecutor(max_workers=1,
-                                                        thread_name_prefix="rabit-bucket")
+        self._executor = executor if executor is not None else _shared_thread()
         self._on_reduced = on_reduced
         self._accumulating = False
         self._written: set = set()         # slots holding this step's data
@@ -278,6 +310,11 @@ class GradientBucketer:
             self._accumulating = False
 
     def close(self) -> None:
-        """Stop the communication thread (unless it was given: its owner stops it)."""
-        if self._own_executor:
-            self._executor.shutdown(wait=True)
+        """Wait for the buckets already started (the communication thread
+        itself belongs to the engine, or to whoever gave it)."""
+        for future in self._futures:
+            if future is not None:
+                try:
+                    future.result()
+                except BaseException:  # noqa: BLE001 - wait() reports it; close must not
+                    pass

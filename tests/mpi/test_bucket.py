@@ -117,3 +117,27 @@ def test_bad_calls(session):
         bucketer.close()
     with pytest.raises(TypeError, match="takes NumPy or CuPy arrays"):
         GradientBucketer([[1.0, 2.0]])
+
+
+def test_two_bucketers_share_the_engine_thread(session):
+    # Two models' gradients marked in turn: without a shared communication
+    # thread their allreduces would reach the engine from two threads in an
+    # order that differs between ranks.
+    first = GradientBucketer(params(), bucket_cap_mb=0.01, first_bucket_mb=0.001,
+                             average=False)
+    second = GradientBucketer(params(np.int64), bucket_cap_mb=0.01, first_bucket_mb=0.001,
+                              average=False)
+    try:
+        for step in range(3):
+            floats, ints = grads(RANK, step), grads(RANK, step, np.int64)
+            for index in reversed(range(len(SHAPES))):
+                first.mark_ready(index, floats[index])
+                second.mark_ready(index, ints[index])
+            got_floats, got_ints = first.wait(), second.wait()
+            want = reference(step)
+            for a, b, w in zip(got_floats, got_ints, want):
+                assert np.array_equal(a, w) and np.array_equal(b, w.astype(np.int64))
+        assert first._executor is second._executor
+    finally:
+        first.close()
+        second.close()
