@@ -55,8 +55,12 @@ class ndarray(np.ndarray):  # noqa: N801 - CuPy's name
     def device(self) -> Device:
         return Device(ndarray.device_of_rank(MPI.COMM_WORLD.Get_rank()))
 
-    def get(self) -> np.ndarray:
-        return np.array(self.view(np.ndarray))
+    def get(self, out: np.ndarray = None) -> np.ndarray:
+        if out is None:
+            return np.array(self.view(np.ndarray))
+        assert out.shape == self.shape and out.dtype == self.dtype and type(out) is np.ndarray
+        out[...] = self.view(np.ndarray)
+        return out
 
     def set(self, host: np.ndarray) -> None:
         assert host.shape == self.shape and host.dtype == self.dtype
@@ -195,5 +199,16 @@ def install(modules: Dict[str, types.ModuleType] = None) -> types.ModuleType:
         setattr(nccl, "NCCL_" + name, code)
     for code, name in enumerate(["SUM", "PROD", "MAX", "MIN"]):
         setattr(nccl, "NCCL_" + name, code)
-    modules.update({"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.nccl": nccl})
+    cupyx = types.ModuleType("cupyx")
+    cupyx.empty_pinned = empty_pinned
+    modules.update({"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.nccl": nccl, "cupyx": cupyx})
     return cupy
+
+
+PINNED_MADE: List[tuple] = []
+
+
+def empty_pinned(shape: tuple, dtype: object = float) -> np.ndarray:
+    """``cupyx.empty_pinned``: host memory (page-locked on a real GPU)."""
+    PINNED_MADE.append((tuple(shape), np.dtype(dtype).str))
+    return np.empty(shape, dtype)

@@ -12,8 +12,11 @@ class FakeDeviceArray:
         self._host = np.array(host)
         self.shape, self.dtype = self._host.shape, self._host.dtype
 
-    def get(self):
-        return self._host.copy()
+    def get(self, out=None):
+        if out is None:
+            return self._host.copy()
+        out[...] = self._host           # CuPy: into a host array of the same shape
+        return out
 
     def set(self, host):
         assert host.shape == self.shape and host.dtype == self.dtype

@@ -226,3 +226,19 @@ def test_the_mlp_on_the_device_path_matches_the_cpu(fake_cupy):
         assert type(b) is np.ndarray                 # params_ are host arrays
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-15)
     assert abs(fitted["cpu"].loss_ - fitted["cuda"].loss_) < 1e-12
+
+
+def test_the_staged_path_reuses_pinned_host_buffers(fake_cupy, session):
+    rabit.finalize()                    # the session's engine, started again with staging
+    engine = start(session, gpu_backend="staged")
+    fake_cupy.PINNED_MADE.clear()
+    for step in range(3):
+        data = fake_cupy.ndarray(np.full((4, 5), RANK + step, dtype=np.float32))
+        rabit.allreduce(data, rabit.Op.SUM,
+                        prepare_fun=None if step else (lambda d: d.fill(RANK + 0.5)))
+        want = SIZE * (SIZE - 1) / 2 + SIZE * (0.5 if step == 0 else step)
+        np.testing.assert_array_equal(data.get(), np.full((4, 5), want, dtype=np.float32))
+    rabit.allreduce(fake_cupy.ndarray(np.ones(7)), rabit.Op.MAX)
+    # one page-locked buffer per shape and dtype, reused from call to call
+    assert fake_cupy.PINNED_MADE == [((4, 5), "<f4"), ((7,), "<f8")]
+    assert engine.attachment("nccl") is None
