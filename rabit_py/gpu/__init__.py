@@ -4,7 +4,8 @@
 ``allreduce``, ``broadcast`` and ``allgather`` accept CuPy arrays. The backend
 is chosen by ``RABIT_GPU_BACKEND`` (``Config.gpu_backend``):
 
-- ``staged``: the array is copied to host memory, reduced by the engine
+- ``staged``: the array is copied to host memory (a page-locked buffer
+  reused per shape and dtype where ``cupyx`` is there), reduced by the engine
   exactly as a NumPy array (so the signature check, the timeout and the
   robust engine's cache and recovery apply unchanged), and copied back into
   the device array. For machines where ranks share a GPU or NCCL is missing,
