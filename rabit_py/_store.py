@@ -143,16 +143,19 @@ def write_file(path: str, payload: Optional[bytes], world_size: int, version: in
                             len(data), crc)
 
     def write(f: BinaryIO) -> int:
-        f.write(header(0))
-        f.write(data)
-        if len(data) >= _OVERLAP_CRC_BYTES:
+        if len(data) < _OVERLAP_CRC_BYTES:
+            f.write(header(zlib.crc32(data)))
+            f.write(data)
+        else:
             # Start the disk write of the payload now, and compute the
             # checksum while it is under way; the header is patched after,
             # and the fdatasync that follows waits for both.
+            f.write(header(0))
+            f.write(data)
             f.flush()
             _start_writeback(f.fileno())
-        f.seek(0)
-        f.write(header(zlib.crc32(data)))
+            f.seek(0)
+            f.write(header(zlib.crc32(data)))
         return _HEADER.size + len(data)
 
     _write_atomic(path, write, recycled, sync_folder)

@@ -96,11 +96,7 @@ def _shared_thread() -> _SharedThread:
     Raises:
         NotInitializedError: before ``rabit_py.init()``.
     """
-    engine = api._current()
-    thread = engine.attachment(_THREAD)
-    if thread is None:
-        thread = engine.attach(_THREAD, _SharedThread())
-    return thread
+    return api._current().attachment(_THREAD, _SharedThread)
 
 
 def _array_module(params: Sequence[Any]) -> Any:

@@ -189,17 +189,18 @@ def build_command(argv: Sequence[str], is_root: Optional[bool] = None,
         is_root = os.geteuid() == 0
     if open_mpi_5 is None:
         open_mpi_5 = not args.no_ft and _is_open_mpi_5(mpirun)
+    with_ft = open_mpi_5 and not args.no_ft
     cmd = [mpirun, "-n", str(args.np + args.spares), "--oversubscribe"]
     if is_root:
         cmd.append("--allow-run-as-root")
-    if open_mpi_5 and not args.no_ft:
+    if with_ft:
         cmd += ["--with-ft", "ulfm"]
     if args.spares:
-        if not open_mpi_5:
+        if not with_ft:
             parser.error("--spares needs in-job recovery, which needs Open MPI 5 (--with-ft "
                          "ulfm); this mpirun is not")
         cmd += ["-x", f"RABIT_SPARES={args.spares}"]   # -x reaches other nodes too
-    if open_mpi_5 and not args.no_ft and _one_node(passthrough) and not _sets_btl(passthrough):
+    if with_ft and _one_node(passthrough) and not _sets_btl(passthrough):
         # The libfabric BTL spends about a second in MPI_Init where there is
         # no libfabric network, in every rank and in every replacement that
         # in-job recovery spawns (measured: a recovery took 1.28 s with it,

@@ -24,7 +24,6 @@ import numpy as np
 
 import rabit_py as rabit
 from rabit_py.bucket import GradientBucketer
-from rabit_py.gpu import to_host
 
 from ._common import ensure_init, global_offset, progress, resume_state, state_key
 from .data import check_features, check_labels, load_shard
@@ -123,33 +122,39 @@ class MLPClassifier:
                 batch = order[start:start + self.batch_size]
                 mine = xp.asarray(batch[(batch >= offset) & (batch < offset + X.shape[0])]
                                   - offset)
-                local_loss = self._backward(xp, params, X[mine], y[mine], bucketer)
+                local_loss = self._backward(params, X[mine], y[mine], bucketer)
                 grads = bucketer.wait()
                 loss_sum = rabit.allreduce(np.array([local_loss]), rabit.Op.SUM)[0]
                 loss = float(loss_sum / batch.size)
-                self._update(xp, params, [g / batch.size for g in grads], m, v, step + 1)
+                self._update(params, [g / batch.size for g in grads], m, v, step + 1)
                 if hasattr(bar, "set_postfix"):
                     bar.set_postfix(loss=f"{loss:.4f}")
                 if (step + 1) % self.checkpoint_every == 0 or step + 1 == self.steps:
-                    rabit.checkpoint({**state, "step": step + 1, "params": _host(params),
-                                      "m": _host(m), "v": _host(v), "loss": loss})
+                    rabit.checkpoint({**state, "step": step + 1, "params": self._host(params),
+                                      "m": self._host(m), "v": self._host(v), "loss": loss})
         finally:
             bucketer.close()
-        self.params_, self.loss_ = _host(params), loss
+        self.params_, self.loss_ = self._host(params), loss
         return self
 
     def _xp(self):  # type: ignore[no-untyped-def]
+        """The array module of ``device``: numpy or cupy."""
         if self.device == "cpu":
             return np
         import cupy  # noqa: PLC0415 - optional, for device="cuda" only
 
         return cupy
 
-    def _backward(self, xp, params: List[np.ndarray], X: np.ndarray,  # type: ignore[no-untyped-def]
-                  y: np.ndarray, bucketer: GradientBucketer) -> float:
+    def _host(self, arrays: List[np.ndarray]) -> List[np.ndarray]:
+        """NumPy copies of device arrays (NumPy arrays as they are)."""
+        return arrays if self.device == "cpu" else [a.get() for a in arrays]
+
+    def _backward(self, params: List[np.ndarray], X: np.ndarray, y: np.ndarray,
+                  bucketer: GradientBucketer) -> float:
         """Forward and backward over this rank's rows of the batch; each layer's
         gradients (sums over the rows) go to the bucketer as soon as they
         exist. Returns the summed loss."""
+        xp = self._xp()
         activations = [X]
         n_layers = len(params) // 2
         for layer in range(n_layers):
@@ -169,9 +174,9 @@ class MLPClassifier:
                 delta = (delta @ params[2 * layer].T) * (activations[layer] > 0)
         return loss
 
-    def _update(self, xp, params: List[np.ndarray],  # type: ignore[no-untyped-def]
-                grads: List[np.ndarray], m: List[np.ndarray], v: List[np.ndarray],
-                t: int) -> None:
+    def _update(self, params: List[np.ndarray], grads: List[np.ndarray], m: List[np.ndarray],
+                v: List[np.ndarray], t: int) -> None:
+        xp = self._xp()
         lr = self.learning_rate
         for p, g, mi, vi in zip(params, grads, m, v):
             if self.optimizer == "sgd":
@@ -199,11 +204,6 @@ class MLPClassifier:
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Most probable class of each row."""
         return self.predict_proba(X).argmax(axis=1)
-
-
-def _host(arrays: List[np.ndarray]) -> List[np.ndarray]:
-    """NumPy copies of device arrays (NumPy arrays as they are)."""
-    return [to_host(a) for a in arrays]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

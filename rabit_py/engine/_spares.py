@@ -59,7 +59,7 @@ class _Rebuilt:
     roles: List[int]
     work: Optional["MPI.Intracomm"]
     job_rank: int
-    state: JoinState
+    state: Optional[JoinState] = None
 
 
 class SparePool:
@@ -92,26 +92,10 @@ class SparePool:
         workers = size - spares
         pool = world.Dup()
         pool.Set_errhandler(MPI.ERRORS_RETURN)
-        me = pool.Get_rank()
         roles = list(range(workers)) + [-1] * spares
-        work = pool.Split(0 if me < workers else MPI.UNDEFINED, key=me)
-        if work == MPI.COMM_NULL:
-            work = None
-        else:
-            work.Set_errhandler(MPI.ERRORS_RETURN)
-        return cls(pool, roles), work
-
-    @property
-    def spares(self) -> int:
-        """Spares waiting in the pool."""
-        return sum(1 for r in self.roles if r < 0)
+        return cls(pool, roles), _work_comm(pool, roles[pool.Get_rank()])
 
     # ------------------------------------------------------------ spare side
-    def wait_for_failure(self) -> bool:
-        """On a spare: block until a worker dies (True: rebuild next) or the
-        job ends (False: this spare was released)."""
-        return self._wait_for_failure()
-
     def rebuild_as_spare(self) -> Optional[Tuple["MPI.Intracomm", int, JoinState]]:
         """On a spare, after a worker died: rebuild with the others. Returns
         (job communicator, job rank, join state) when this spare took a dead
@@ -125,8 +109,9 @@ class SparePool:
             return None
         return rebuilt.work, rebuilt.job_rank, rebuilt.state
 
-    def _wait_for_failure(self) -> bool:
-        """True when a worker died, False when released."""
+    def wait_for_failure(self) -> bool:
+        """On a spare: block until a worker dies (True: rebuild next) or the
+        job ends (False: this spare was released)."""
         me = self.pool.Get_rank()
         requests = {src: self.pool.irecv(source=src, tag=RELEASE_TAG)
                     for src, role in enumerate(self.roles) if role >= 0 and src != me}
@@ -229,9 +214,9 @@ class SparePool:
             leader = min(workers, key=lambda i: roles[i])
             size = gathered[leader][1]
             dead = sorted(set(range(size)) - set(roles))
+            # The leader is a worker: it has make_state (spares pass None).
             state: JoinState = shrunk.bcast(
-                (make_state(dead) if make_state is not None else None)
-                if shrunk.Get_rank() == leader else None, root=leader)
+                make_state(dead) if shrunk.Get_rank() == leader else None, root=leader)
             times.shrink += time.perf_counter() - t0
             reason = next((g[2] for g in gathered if g[2]), None)
             if reason:
@@ -253,28 +238,34 @@ class SparePool:
             t0 = time.perf_counter()
             me = shrunk.Get_rank()
             new_rank = job_rank if job_rank >= 0 else taken.get(me, -1)
-            rebuilt = self._split(pool, new_rank)
-            rebuilt.state = state
+            rebuilt = self._split(pool, new_rank, state)
             if pool is not shrunk:
                 _free(shrunk)
             times.merge += time.perf_counter() - t0
             return rebuilt
         except BaseException:
             if self.pool is not shrunk:
-                self.pool, self.roles = shrunk, self.roles   # retry from the shrunk pool
+                self.pool = shrunk      # retry from the shrunk pool
             raise
 
     @staticmethod
-    def _split(pool: "MPI.Intracomm", job_rank: int) -> _Rebuilt:
+    def _split(pool: "MPI.Intracomm", job_rank: int,
+               state: Optional[JoinState] = None) -> _Rebuilt:
         """Steps 4 and 5 of Note [spares]; also run by spawned replacements."""
-        work = pool.Split(0 if job_rank >= 0 else MPI.UNDEFINED, key=max(job_rank, 0))
-        if work == MPI.COMM_NULL:
-            work = None
-        else:
-            work.Set_errhandler(MPI.ERRORS_RETURN)
+        work = _work_comm(pool, job_rank)
         roles = pool.allgather(job_rank)
         pool.Agree(1)
-        return _Rebuilt(pool, roles, work, job_rank, None)  # type: ignore[arg-type]
+        return _Rebuilt(pool, roles, work, job_rank, state)
+
+
+def _work_comm(pool: "MPI.Intracomm", job_rank: int) -> Optional["MPI.Intracomm"]:
+    """The workers' communicator, ranked by job rank (collective on the
+    pool); None on a spare (``job_rank`` -1)."""
+    work = pool.Split(0 if job_rank >= 0 else MPI.UNDEFINED, key=max(job_rank, 0))
+    if work == MPI.COMM_NULL:
+        return None
+    work.Set_errhandler(MPI.ERRORS_RETURN)
+    return work
 
 
 def join_pool_as_spawned(merged: "MPI.Intracomm",

@@ -19,10 +19,11 @@ never reached a collective.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from ._signature import Kind
 
 log = logging.getLogger("rabit_py")
 
-__all__ = ["Watchdog", "exchange_positions", "Position", "announce", "find_notice",
+__all__ = ["Watchdog", "deadline", "exchange_positions", "Position", "announce", "find_notice",
            "timeout_message", "TIMEOUT_NOTICE_TAG", "FATAL_NOTICE_TAG"]
 
 # (version, seqno, kind, timed_out)
@@ -87,6 +88,24 @@ class Watchdog:
                     continue
             if self._stop.wait(wait):
                 return
+
+
+@contextlib.contextmanager
+def deadline(timeout: float, on_timeout: Callable[[Any], None],
+             token: Any = "deadline") -> Iterator[None]:
+    """Run the block under a watchdog of its own: ``on_timeout(token)`` fires
+    (from the watchdog thread) if the block lasts longer than ``timeout``
+    seconds; 0 means no limit. For steps no revoke can interrupt (a
+    communicator's start or repair), which must end the job, not hang it."""
+    guard = Watchdog(timeout, on_timeout) if timeout > 0 else None
+    if guard is not None:
+        guard.enter(token)
+    try:
+        yield
+    finally:
+        if guard is not None:
+            guard.leave()
+            guard.stop()
 
 
 def exchange_positions(comm: Any, rank: int, size: int, mine: Position,

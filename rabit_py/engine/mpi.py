@@ -38,7 +38,7 @@ from ._signature import (N_FIELDS, OBJECT, Call, Kind, agrees, call_signature, c
                          describe_mismatch, fill_vector, mismatched_fields)
 from ._validate import check_allgather, check_allreduce, check_array_broadcast, check_root
 from ._watchdog import (FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, Position, Watchdog, announce,
-                        exchange_positions, find_notice, timeout_message)
+                        deadline, exchange_positions, find_notice, timeout_message)
 from .base import CheckpointResult, Engine, PrepareFn
 
 __all__ = ["MpiEngine", "ulfm_enabled"]
@@ -90,16 +90,9 @@ class MpiEngine(Engine):
         self._config = config
         rank = base.Get_rank()
         # Dup is collective: a rank that never calls init() would hang it.
-        guard = (Watchdog(config.timeout, lambda _: _abort_init(base, rank, config.timeout))
-                 if config.timeout > 0 and base.Get_size() > 1 else None)
-        if guard is not None:
-            guard.enter("init")
-        try:
+        with deadline(config.timeout if base.Get_size() > 1 else 0,
+                      lambda _: _abort_init(base, rank, config.timeout), "init"):
             self._adopt(base)
-        finally:
-            if guard is not None:
-                guard.leave()
-                guard.stop()
         self._ulfm = ulfm_enabled()
         self._check = config.check and self._size > 1
         self._version = 0
@@ -180,22 +173,6 @@ class MpiEngine(Engine):
         decisions at every call, only inside executed ones."""
         return False
 
-    def device_collective(self, kind: int, call: Optional[tuple],
-                          run: Callable[[], Any]) -> Any:
-        """Run ``run()`` (a collective on another transport, e.g. NCCL) as
-        one of this engine's numbered calls: the signature check (``call`` is
-        what an allreduce checks: op, dtype, shape, None) and the timeout
-        watchdog apply as to the engine's own calls.
-
-        Raises:
-            CollectiveMismatchError: the ranks made different calls.
-        """
-        self._enter(kind, None, True, call if self._check else None)
-        try:
-            return run()
-        finally:
-            self._leave()
-
     @property
     def membership(self) -> int:
         """Changes whenever the ranks behind the rank numbers change (a
@@ -209,7 +186,9 @@ class MpiEngine(Engine):
             return
         try:
             self._comm.Iprobe(MPI.ANY_SOURCE, _PEER_PROBE_TAG)   # lets MPI make progress
-            failed = self._comm.Get_failed().Get_size()
+            group = self._comm.Get_failed()
+            failed = group.Get_size()
+            group.Free()
         except MPI.Exception as exc:
             raise self._failure(exc) from exc
         if failed:
@@ -218,16 +197,22 @@ class MpiEngine(Engine):
     def device_allreduce(self, data: Any, op: OpLike, prepare_fun: Optional[PrepareFn],
                          reduce: Callable[[], None]) -> Any:
         """An allreduce of a device array run by ``reduce()`` on another
-        transport (NCCL), as one of this engine's calls (see
-        :meth:`device_collective`); ``prepare_fun`` fills ``data`` first."""
-        def run() -> Any:
+        transport (NCCL) as one of this engine's numbered calls: the
+        signature check and the timeout watchdog apply as to its own calls;
+        ``prepare_fun`` fills ``data`` first. Returns ``data``.
+
+        Raises:
+            CollectiveMismatchError: the ranks made different calls.
+        """
+        call = (op, data.dtype, tuple(data.shape), None)
+        self._enter(Kind.ALLREDUCE, None, True, call if self._check else None)
+        try:
             if prepare_fun is not None:
                 prepare_fun(data)
             reduce()
-            return data
-
-        return self.device_collective(Kind.ALLREDUCE, (op, data.dtype, tuple(data.shape), None),
-                                      run)
+        finally:
+            self._leave()
+        return data
 
     def side_allgather(self, obj: Any) -> List[Any]:
         """Every rank's ``obj``, outside the numbered calls (for setting up a
@@ -245,9 +230,13 @@ class MpiEngine(Engine):
         self._attachments[name] = resource
         return resource
 
-    def attachment(self, name: str) -> Any:
-        """What :meth:`attach` kept under ``name``, or None."""
-        return self._attachments.get(name)
+    def attachment(self, name: str, make: Optional[Callable[[], Any]] = None) -> Any:
+        """What :meth:`attach` kept under ``name``; if nothing, ``make()``
+        attached there (None without ``make``)."""
+        resource = self._attachments.get(name)
+        if resource is None and make is not None:
+            resource = self.attach(name, make())
+        return resource
 
     # ------------------------------------------------------------ collectives
     def allreduce(self, data: np.ndarray, op: OpLike,

@@ -53,7 +53,7 @@ from ._repair import JoinState, RepairTimes, is_replacement, join_as_replacement
 from ._signature import Kind
 from ._spares import SparePool, exit_released
 from ._validate import check_allreduce
-from ._watchdog import FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, Watchdog
+from ._watchdog import FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, deadline
 from .base import CheckpointResult, PrepareFn
 from .mpi import (_ERR_PROC_FAILED, _ERR_REVOKED, _NO_LAZY, MpiEngine, _abort_init, abort_job,
                   ulfm_enabled)
@@ -87,11 +87,11 @@ class RobustEngine(MpiEngine):
     """
 
     def __init__(self, config: Config, comm: Optional[Any] = None) -> None:
-        replacement = comm is None and is_replacement()
+        #: how this process joined: "start", "spare" or "spawned" (for the tests).
+        self.joined_as = "spawned" if comm is None and is_replacement() else "start"
         state: Optional[JoinState] = None
         pool: Optional[SparePool] = None
-        owned = replacement
-        if replacement:
+        if self.joined_as == "spawned":
             comm, _, state, pool = join_as_replacement()
         elif not ulfm_enabled():
             raise RabitError(
@@ -105,27 +105,17 @@ class RobustEngine(MpiEngine):
             # Collective over every process: a rank that never calls init()
             # must not hang the others (as in MpiEngine's own start).
             world_rank = MPI.COMM_WORLD.Get_rank()
-            guard = (Watchdog(config.timeout,
-                              lambda _: _abort_init(MPI.COMM_WORLD, world_rank, config.timeout))
-                     if config.timeout > 0 else None)
-            if guard is not None:
-                guard.enter("init")
-            try:
+            with deadline(config.timeout,
+                          lambda _: _abort_init(MPI.COMM_WORLD, world_rank, config.timeout),
+                          "init"):
                 pool, comm = SparePool.start(config.spares)
-            finally:
-                if guard is not None:
-                    guard.leave()
-                    guard.stop()
-            owned = True
             if comm is None:
                 comm, state = _serve_as_spare(pool, config)
-                replacement = True
-        #: how this process joined: "start", "spare" or "spawned" (for the tests).
-        self.joined_as = ("start" if not replacement
-                          else "spawned" if is_replacement() else "spare")
+                self.joined_as = "spare"
+        replacement = self.joined_as != "start"
         super().__init__(config, comm)
-        if owned:
-            comm.Free()
+        if replacement or pool is not None:
+            comm.Free()                 # ours, not the caller's: the engine runs on a Dup
         self._pool = pool
         if pool is not None:
             atexit.register(self._release_spares)
@@ -569,21 +559,14 @@ class RobustEngine(MpiEngine):
             self._watchdog.leave()
         # A repair blocks in Shrink/Spawn/Merge, which no revoke can interrupt:
         # if it hangs past the timeout, end the job with a message instead.
-        guard = (Watchdog(self._config.timeout, self._abort_repair)
-                 if self._config.timeout > 0 else None)
-        if guard is not None:
-            guard.enter("repair")
         try:
-            new, replaced = repair(self._comm, self._rank, self._size, make_state,
-                                   self.repair_times, check_dead=self._check_dead,
-                                   pool=self._pool, give_up=give_up)
+            with deadline(self._config.timeout, self._abort_repair, "repair"):
+                new, replaced = repair(self._comm, self._rank, self._size, make_state,
+                                       self.repair_times, check_dead=self._check_dead,
+                                       pool=self._pool, give_up=give_up)
         except RecoveryError as exc:
             self._broken = self._broken or str(exc)
             raise
-        finally:
-            if guard is not None:
-                guard.leave()
-                guard.stop()
         for rank in replaced:
             self._trials[rank] = self._trials.get(rank, 0) + 1
         old = (self._comm, self._ctrl)
@@ -601,8 +584,6 @@ class RobustEngine(MpiEngine):
                     replaced, time.perf_counter() - start)
 
 
-
-
 def _serve_as_spare(pool: SparePool, config: Config) -> Tuple[Any, JoinState]:
     """A spare's life inside ``init()`` (Note [spares] in ``_spares.py``): wait;
     after a worker died, rebuild with the survivors; return (job
@@ -615,21 +596,14 @@ def _serve_as_spare(pool: SparePool, config: Config) -> Tuple[Any, JoinState]:
             pool.free()
             exit_released(me)
         # Like a survivor's repair, a rebuild that hangs must not hang the job.
-        guard = (Watchdog(config.timeout, lambda _: _abort_spare(me, config.timeout))
-                 if config.timeout > 0 else None)
-        if guard is not None:
-            guard.enter("rebuild")
         try:
-            joined = pool.rebuild_as_spare()
+            with deadline(config.timeout, lambda _: _abort_spare(me, config.timeout), "rebuild"):
+                joined = pool.rebuild_as_spare()
         except RecoveryError as exc:
             sys.stderr.write(f"rabit_py: spare (pool rank {me}): the job cannot be recovered "
                              f"({exc}); this spare ends\n")
             sys.stderr.flush()
             sys.exit(1)
-        finally:
-            if guard is not None:
-                guard.leave()
-                guard.stop()
         if joined is not None:
             comm, rank, state = joined
             log.info("spare (pool rank %d): took the place of rank %d", me, rank)

@@ -58,16 +58,14 @@ def _nccl_backend(engine: Any, backend: str, data: Any, op: Any) -> Any:
 
     if not takes_nccl(data, op):
         return None
-    chosen = engine.attachment(ATTACHMENT)
     if getattr(engine, "replays_results", False):
         # The robust engine: a replacement's calls may be served from the
         # cache while the others wait in recovery rounds, so no collective
         # decision here; NCCL only when asked for (one GPU per rank assumed).
         if backend != "nccl":
             return None
-        if chosen is None:
-            chosen = engine.attach(ATTACHMENT, NcclBackend(engine, int(data.device.id)))
-        return chosen
+        return engine.attachment(ATTACHMENT, lambda: NcclBackend(engine, int(data.device.id)))
+    chosen = engine.attachment(ATTACHMENT)
     if chosen is not None:
         return None if isinstance(chosen, _Staged) else chosen
     # Every rank must take the same path: decide together.
@@ -155,16 +153,13 @@ class _PinnedBuffers:
 def _pinned_buffer(engine: Any, data: Any) -> Optional[np.ndarray]:
     """A reused pinned host buffer for ``data`` (staged allreduce), or None
     where pinned memory is not available (no ``cupyx``, a stand-in array)."""
-    if not hasattr(engine, "attachment") \
-            or not getattr(getattr(data, "flags", None), "c_contiguous", False):
+    if not getattr(getattr(data, "flags", None), "c_contiguous", False):
         return None
-    buffers = engine.attachment(_PINNED)
-    if buffers is None:
-        try:
-            import cupyx  # noqa: PLC0415 - comes with CuPy
-        except ImportError:
-            return None
-        buffers = engine.attach(_PINNED, _PinnedBuffers(cupyx.empty_pinned))
+    try:
+        import cupyx  # noqa: PLC0415 - comes with CuPy
+    except ImportError:
+        return None
+    buffers = engine.attachment(_PINNED, lambda: _PinnedBuffers(cupyx.empty_pinned))
     return buffers.get(tuple(data.shape), np.dtype(data.dtype))
 
 

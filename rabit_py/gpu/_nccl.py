@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional
 from ..errors import CollectiveTimeoutError, RabitError
 from ..ops import Op
 
-__all__ = ["NcclBackend", "nccl_available", "nccl_reason"]
+__all__ = ["NcclBackend", "nccl_reason", "takes_nccl"]
 
 ATTACHMENT = "nccl"
 
@@ -66,11 +66,6 @@ def nccl_reason() -> Optional[str]:
     if not getattr(nccl, "available", True):
         return "this CuPy was built without NCCL"
     return None
-
-
-def nccl_available() -> bool:
-    """Whether ``cupy.cuda.nccl`` can be used here."""
-    return nccl_reason() is None
 
 
 def takes_nccl(data: Any, op: Any) -> bool:
@@ -101,8 +96,11 @@ class NcclBackend:
         self._membership = -1
         self.device = device
         self.communicators_made = 0
-        with cupy.cuda.Device(device):
-            self._stream = cupy.cuda.Stream(non_blocking=True)
+        self._stream = self._new_stream()
+
+    def _new_stream(self) -> Any:
+        with self._cupy.cuda.Device(self.device):
+            return self._cupy.cuda.Stream(non_blocking=True)
 
     def allreduce(self, data: Any, op: Any, prepare_fun: Optional[Callable[[Any], None]]) -> Any:
         """Reduce the CuPy array ``data`` in place across ranks; returns it.
@@ -126,13 +124,7 @@ class NcclBackend:
         if self._comm is not None and self._membership == membership:
             return
         if self._comm is not None:
-            try:
-                self._comm.abort()      # made for ranks that are gone
-            except Exception:  # noqa: BLE001 - already failed
-                pass
-            # and a new stream: the old one may hold the aborted operation
-            with self._cupy.cuda.Device(self.device):
-                self._stream = self._cupy.cuda.Stream(non_blocking=True)
+            self._abandon()             # made for ranks that are gone
         nccl = self._nccl
         uid = nccl.get_unique_id() if self._engine.rank == 0 else None
         uid = self._engine.side_allgather(uid)[0]
@@ -185,24 +177,24 @@ class NcclBackend:
             if elapsed > _SPIN_SECONDS:
                 time.sleep(1e-4)
 
-    def _abandon(self) -> None:
-        """A peer died mid-call: drop the communicator (the robust engine
-        recovers and the next executed call makes a new one)."""
+    def _abort(self) -> None:
         try:
             self._comm.abort()
-        except Exception:  # noqa: BLE001 - aborting after a failure
+        except Exception:  # noqa: BLE001 - aborting a communicator that already failed
             pass
+
+    def _abandon(self) -> None:
+        """Drop the communicator (a peer died, or the membership changed):
+        the next executed call makes a new one, on a new stream (the old one
+        may hold the aborted operation)."""
+        self._abort()
         self._comm = None
-        with self._cupy.cuda.Device(self.device):   # the old stream holds the aborted work
-            self._stream = self._cupy.cuda.Stream(non_blocking=True)
+        self._stream = self._new_stream()
 
     def _fail(self, what: str, kind: type = RabitError) -> BaseException:
         self._broken = (f"rank {self._engine.rank}: {what}; device collectives cannot go on "
                         f"in this job (RABIT_GPU_BACKEND=staged avoids NCCL)")
-        try:
-            self._comm.abort()
-        except Exception:  # noqa: BLE001 - aborting a communicator already failed
-            pass
+        self._abort()
         return kind(self._broken)
 
     def close(self) -> None:
