@@ -249,9 +249,11 @@ def test_a_dead_spare_is_skipped(reference):
 
 def test_spares_are_told_when_the_job_cannot_be_recovered():
     # Ranks 1 and 2 die together: rank 1's only replica lived on rank 2. The
-    # spares must end too, not wait for a rebuild that never comes.
+    # spares must end too, not wait for a rebuild that never comes. The ranks
+    # stay a while after their error: mpirun ends the job at the second
+    # non-zero exit, and a spare still on its way out would be cut short.
     code, out, _, results = run_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,2,1,0;2,2,1,0"},
-                                    spares=2)
+                                    "--linger-on-error", "3", spares=2)
     assert code != 0 and results == []
     errors = parse(out, "RECOVERY_ERROR")
     assert errors and all("local model of rank 1 at version 2 is lost" in e["message"]

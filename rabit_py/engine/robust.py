@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -603,7 +604,13 @@ def _serve_as_spare(pool: SparePool, config: Config) -> Tuple[Any, JoinState]:
             sys.stderr.write(f"rabit_py: spare (pool rank {me}): the job cannot be recovered "
                              f"({exc}); this spare ends\n")
             sys.stderr.flush()
-            sys.exit(1)
+            sys.stdout.flush()
+            # Not sys.exit: MPI_Finalize can block for good once a peer died
+            # without finalizing. And status 0: mpirun ends the whole job at
+            # the second non-zero exit, which would cut short the workers
+            # (still reporting the error, or saving what they can); the
+            # workers' own status tells how the job ended.
+            os._exit(0)
         if joined is not None:
             comm, rank, state = joined
             log.info("spare (pool rank %d): took the place of rank %d", me, rank)

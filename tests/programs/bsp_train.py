@@ -33,6 +33,10 @@ def main() -> int:
     parser.add_argument("--raise-at", type=int, default=-1)
     parser.add_argument("--kill-last-spare-after", type=float, default=-1,
                         help="the last spare process SIGKILLs itself after this many seconds")
+    parser.add_argument("--linger-on-error", type=float, default=0.0,
+                        help="seconds to stay after a RecoveryError: mpirun ends the whole job "
+                             "at the second non-zero exit, which could cut short what the "
+                             "spares have to say")
     args = parser.parse_args()
 
     # A spare is one of the last RABIT_SPARES processes of the MPI job.
@@ -87,6 +91,7 @@ def main() -> int:
     except rabit.RecoveryError as exc:
         print("RECOVERY_ERROR " + json.dumps({"rank": rank, "message": str(exc)}), flush=True)
         sys.stdout.flush()
+        time.sleep(args.linger_on_error)
         os._exit(3)
     digest = hashlib.sha256(model["w"].tobytes() + json.dumps(model["history"]).encode())
     print("RESULT " + json.dumps({
