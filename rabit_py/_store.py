@@ -1,19 +1,21 @@
 """The durable checkpoint store: versions on disk that a restarted job resumes from.
 
 # Note [durable store]
-One folder per version, ``v00000042/``, holding
+All versions share one folder (no folder per version: a new folder costs a
+mkdir, a second folder fsync and a removal per version, about a third of a
+1 MiB version's cost here). Version 42 is
 
-- ``global.ckpt``: the global model, written by the leader (rank 0);
-- ``local-R.ckpt``: rank R's local model, written by rank R itself, in
-  versions that use local models (only the leader writes a version that does
-  not, so no rank lags behind in a folder the leader may prune);
-- ``MANIFEST.json``: world size, whether local models are used, written by the
-  leader.
+- ``v00000042.global.ckpt``: the global model, written by the leader (rank 0);
+- ``v00000042.local-R.ckpt``: rank R's local model, written by rank R itself,
+  in versions that use local models (only the leader writes a version that
+  does not, so no rank lags behind in a version the leader may prune);
+- ``v00000042.MANIFEST.json``: world size, whether local models are used,
+  written by the leader after its global file.
 
 Every file is written to a temporary name, fdatasync'ed, renamed, and the
 folder fsync'ed, so a crash leaves either the old state or the whole new file
-(the leader fsyncs a version's folder once, after renaming its manifest). A
-``.ckpt`` file starts with a header (magic, format, world size, version,
+(the leader fsyncs the folder once per version, after renaming its manifest).
+A ``.ckpt`` file starts with a header (magic, format, world size, version,
 payload length, CRC-32) so that a truncated, corrupt or foreign file is
 recognized. A version is *complete* when the manifest and every file it lists
 are there and valid; loading takes the newest complete version and falls back
@@ -29,7 +31,8 @@ temporary name) and overwrites it. A new file needs a journal commit to make
 its blocks and size durable, and the rename needs another; an overwritten
 file of the same size needs only its data flushed, so a steady-state version
 costs one commit (the folder's), like a raw write of the same bytes. The
-folder holds at most one pruned version's files more.
+folder holds at most one pruned version's files more. The temporary files of
+a pruned version (a writer that crashed) are deleted.
 
 The folder is meant to be shared by all ranks (one path on a shared
 filesystem); with per-node folders, local models are found only when each
@@ -43,11 +46,10 @@ import logging
 import os
 import queue
 import re
-import shutil
 import struct
 import threading
 import zlib
-from typing import BinaryIO, Callable, List, Optional, Tuple
+from typing import BinaryIO, Callable, Dict, List, Optional, Tuple
 
 from ._version import __version__
 from .errors import CheckpointError
@@ -60,8 +62,10 @@ MAGIC = b"RABITCKP"
 FORMAT = 1
 # magic, format, world size, version, has payload, payload length, crc32
 _HEADER = struct.Struct("<8sIIQBQI")
-_VERSION_DIR = re.compile(r"^v(\d{8,})$")
+# vNNNNNNNN.<name>; <name> is recyclable, or a temporary file (name.tmp-PID)
+_VERSION_FILE = re.compile(r"^v(\d{8,})\.(.+)$")
 _RECYCLABLE = re.compile(r"^(global|local-\d+)\.ckpt$|^MANIFEST\.json$")
+MANIFEST = "MANIFEST.json"
 RECYCLE_DIR = ".recycle"
 _OVERLAP_CRC_BYTES = 256 << 10
 
@@ -208,7 +212,9 @@ class DurableStore:
         self.folder = os.path.abspath(folder)
         self.rank, self.world_size, self.keep = rank, world_size, keep
         try:
-            os.makedirs(self.folder, exist_ok=True)
+            if not os.path.isdir(self.folder):
+                os.makedirs(self.folder, exist_ok=True)
+                _fsync_dir(os.path.dirname(self.folder))   # the new folder itself
         except OSError as exc:
             raise CheckpointError(f"rank {rank}: cannot create the checkpoint folder "
                                   f"{self.folder}: {exc}") from exc
@@ -221,10 +227,13 @@ class DurableStore:
         # Versions seen complete: they stay so until pruned (no need to read
         # their manifests again at every checkpoint).
         self._known_complete: set = set()
+        self._have_bin = False              # .recycle/ made (by this process)
 
     # ------------------------------------------------------------ writing
-    def version_dir(self, version: int) -> str:
-        return os.path.join(self.folder, f"v{version:08d}")
+    def path(self, version: int, name: str) -> str:
+        """Where file ``name`` (``global.ckpt``, ``local-R.ckpt``,
+        ``MANIFEST.json``) of ``version`` lives."""
+        return os.path.join(self.folder, f"v{version:08d}.{name}")
 
     def save(self, version: int, global_blob: Optional[bytes], local_blob: Optional[bytes],
              uses_local: bool) -> None:
@@ -276,30 +285,24 @@ class DurableStore:
 
     def _write(self, version: int, global_blob: Optional[bytes], local_blob: Optional[bytes],
                uses_local: bool) -> None:
-        folder = self.version_dir(version)
         if uses_local:
-            os.makedirs(folder, exist_ok=True)
             name = f"local-{self.rank}.ckpt"
             # The leader fsyncs the folder once, after its manifest.
-            write_file(os.path.join(folder, name), local_blob, self.world_size, version,
+            write_file(self.path(version, name), local_blob, self.world_size, version,
                        recycled=self._recycled(name), sync_folder=self.rank != 0)
         if self.rank != 0:
             return
         # Without local models only the leader writes: no other rank can be
         # left writing into a version that the leader has pruned already.
-        os.makedirs(folder, exist_ok=True)
-        write_file(os.path.join(folder, "global.ckpt"), global_blob, self.world_size, version,
+        write_file(self.path(version, "global.ckpt"), global_blob, self.world_size, version,
                    recycled=self._recycled("global.ckpt"), sync_folder=False)
         manifest = json.dumps({"format": FORMAT, "rabit_py": __version__, "version": version,
                                "world_size": self.world_size,
                                "uses_local": uses_local}).encode()
-        _write_atomic(os.path.join(folder, "MANIFEST.json"),
-                      lambda f: f.write(manifest), self._recycled("MANIFEST.json"),
-                      sync_folder=False)
+        _write_atomic(self.path(version, MANIFEST), lambda f: f.write(manifest),
+                      self._recycled(MANIFEST), sync_folder=False)
         # One folder fsync makes the renames above durable (the manifest's
-        # after the files': a crash before it leaves the version incomplete),
-        # and the parent's makes the new folder durable.
-        _fsync_dir(folder)
+        # after the files': a crash before it leaves the version incomplete).
         _fsync_dir(self.folder)
         self.prune()
 
@@ -311,34 +314,49 @@ class DurableStore:
         local models, complete means every rank's local file is there too: a
         rank writes its versions in order, so once it wrote a newer one it is
         done with the older ones, and none is removed under a slower rank."""
-        complete = [v for v in self.versions() if self._complete(v)]
+        files = self._files()
+        complete = [v for v in sorted(files) if self._complete(v, files[v])]
         if len(complete) < self.keep:
             return
         oldest_kept = complete[-self.keep]
-        for v in self.versions():
+        for v in sorted(files):
             if v < oldest_kept:
                 self._known_complete.discard(v)
-                self._recycle(self.version_dir(v))
-                shutil.rmtree(self.version_dir(v), ignore_errors=True)
+                self._recycle(v, files[v])
 
-    def _recycle(self, folder: str) -> None:
+    def _recycle(self, version: int, names: List[str]) -> None:
         """Keep a pruned version's files for the next writes (Note [recycled
         files]); the manifest goes first, so the version is incomplete before
-        any of its files disappears."""
+        any of its files disappears. Temporary files left by a crash go."""
         bin_dir = os.path.join(self.folder, RECYCLE_DIR)
-        try:
-            os.makedirs(bin_dir, exist_ok=True)
-            names = sorted(os.listdir(folder), key=lambda n: n != "MANIFEST.json")
-        except OSError:
-            return
-        for name in names:
-            if _RECYCLABLE.match(name):
-                try:
-                    os.replace(os.path.join(folder, name), os.path.join(bin_dir, name))
-                except OSError:
-                    pass            # removed with the folder instead
+        if not self._have_bin:
+            try:
+                os.makedirs(bin_dir, exist_ok=True)
+            except OSError:
+                return
+            self._have_bin = True
+        for name in sorted(names, key=lambda n: n != MANIFEST):
+            try:
+                if _RECYCLABLE.match(name):
+                    os.replace(self.path(version, name), os.path.join(bin_dir, name))
+                else:
+                    os.unlink(self.path(version, name))
+            except OSError:
+                pass
 
-    def _complete(self, version: int) -> bool:
+    def _files(self) -> Dict[int, List[str]]:
+        """Version number -> the names of its files (temporary ones too)."""
+        try:
+            entries = os.listdir(self.folder)
+        except OSError:
+            return {}
+        files: Dict[int, List[str]] = {}
+        for m in map(_VERSION_FILE.match, entries):
+            if m:
+                files.setdefault(int(m.group(1)), []).append(m.group(2))
+        return files
+
+    def _complete(self, version: int, names: List[str]) -> bool:
         """For pruning: the manifest, the global file and (with local models)
         every rank's local file present. Files are renamed into place only
         once written and synced, so presence is enough (reading every kept
@@ -346,29 +364,26 @@ class DurableStore:
         loading checks them fully, and falls back past a bad one."""
         if version in self._known_complete:
             return True
+        if MANIFEST not in names:
+            return False
         try:
             manifest = self._manifest(version)
         except CheckpointError:
             return False
-        folder = self.version_dir(version)
-        names = ["global.ckpt"] + ([f"local-{r}.ckpt" for r in range(manifest["world_size"])]
-                                   if manifest["uses_local"] else [])
-        if not all(os.path.exists(os.path.join(folder, n)) for n in names):
+        needed = {"global.ckpt"} | ({f"local-{r}.ckpt" for r in range(manifest["world_size"])}
+                                    if manifest["uses_local"] else set())
+        if not needed.issubset(names):
             return False
         self._known_complete.add(version)
         return True
 
     # ------------------------------------------------------------ reading
     def versions(self) -> List[int]:
-        """Version numbers that have a folder, oldest first."""
-        try:
-            names = os.listdir(self.folder)
-        except OSError:
-            return []
-        return sorted(int(m.group(1)) for m in map(_VERSION_DIR.match, names) if m)
+        """Version numbers that have a file (complete or not), oldest first."""
+        return sorted(self._files())
 
     def _manifest(self, version: int) -> dict:
-        path = os.path.join(self.version_dir(version), "MANIFEST.json")
+        path = self.path(version, MANIFEST)
         try:
             with open(path) as f:
                 manifest = json.load(f)
@@ -386,11 +401,10 @@ class DurableStore:
         global file, plus every local file if ``local``."""
         try:
             manifest = self._manifest(version)
-            folder = self.version_dir(version)
-            read_file(os.path.join(folder, "global.ckpt"), version)
+            read_file(self.path(version, "global.ckpt"), version)
             if local:
                 for r in range(manifest["world_size"]):
-                    read_file(os.path.join(folder, f"local-{r}.ckpt"), version)
+                    read_file(self.path(version, f"local-{r}.ckpt"), version)
         except CheckpointError as exc:
             return str(exc)
         return None
@@ -424,8 +438,7 @@ class DurableStore:
         if manifest["world_size"] != self.world_size:
             return None         # refused with a clear error by load()
         try:
-            read_file(os.path.join(self.version_dir(version), f"local-{self.rank}.ckpt"),
-                      version)
+            read_file(self.path(version, f"local-{self.rank}.ckpt"), version)
         except CheckpointError as exc:
             return str(exc)
         return None
@@ -438,15 +451,14 @@ class DurableStore:
                 models are used (each rank's local model belongs to its rank).
         """
         manifest = self._manifest(version)
-        folder = self.version_dir(version)
-        global_blob, _ = read_file(os.path.join(folder, "global.ckpt"), version)
+        global_blob, _ = read_file(self.path(version, "global.ckpt"), version)
         if manifest["uses_local"] and manifest["world_size"] != self.world_size:
             raise CheckpointError(
-                f"rank {self.rank}: checkpoint version {version} in {folder} was written by "
+                f"rank {self.rank}: checkpoint version {version} in {self.folder} was written by "
                 f"{manifest['world_size']} ranks with local models; this job has "
                 f"{self.world_size} ranks. Local models belong to their ranks: restart with "
                 f"{manifest['world_size']} ranks (a global-only checkpoint may change size)")
         local_blob = None
         if manifest["uses_local"]:
-            local_blob, _ = read_file(os.path.join(folder, f"local-{self.rank}.ckpt"), version)
+            local_blob, _ = read_file(self.path(version, f"local-{self.rank}.ckpt"), version)
         return global_blob, local_blob

@@ -29,7 +29,10 @@ def test_versions_round_trip_and_old_ones_are_pruned(tmp_path):
     for s in ranks:
         assert s.newest_loadable() == 3
         assert s.load(3) == (b"global v3", f"local {s.rank} v3".encode())
-    assert not [n for n in os.listdir(tmp_path / "v00000003") if ".tmp-" in n]
+    assert sorted(os.listdir(tmp_path)) == [
+        ".recycle", "v00000002.MANIFEST.json", "v00000002.global.ckpt",
+        "v00000002.local-0.ckpt", "v00000002.local-1.ckpt", "v00000003.MANIFEST.json",
+        "v00000003.global.ckpt", "v00000003.local-0.ckpt", "v00000003.local-1.ckpt"]
 
 
 def test_pruned_files_are_recycled_by_later_versions(tmp_path):
@@ -53,7 +56,7 @@ def test_pruned_files_are_recycled_by_later_versions(tmp_path):
         assert s.load(6) == ((b"G6" * 10), (b"L%d-6" % s.rank) * 3)
     waiting = {n: os.stat(tmp_path / ".recycle" / n).st_ino for n in recycled}
     save_versions(ranks, [8])
-    assert {n: os.stat(tmp_path / "v00000008" / n).st_ino for n in recycled} == waiting
+    assert {n: os.stat(tmp_path / f"v00000008.{n}").st_ino for n in recycled} == waiting
     for s in ranks:
         assert s.load(8) == (b"global v8", f"local {s.rank} v8".encode())
 
@@ -83,7 +86,7 @@ def test_no_version_is_pruned_under_a_rank_still_writing(tmp_path):
 def test_a_corrupt_global_file_falls_back_with_a_warning(tmp_path, caplog):
     ranks = stores(tmp_path)
     save_versions(ranks, [1, 2])
-    path = tmp_path / "v00000002" / "global.ckpt"
+    path = tmp_path / "v00000002.global.ckpt"
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 0xFF
     path.write_bytes(bytes(raw))
@@ -97,7 +100,7 @@ def test_a_corrupt_global_file_falls_back_with_a_warning(tmp_path, caplog):
 def test_a_truncated_local_file_makes_only_its_rank_fall_back(tmp_path):
     ranks = stores(tmp_path)
     save_versions(ranks, [1, 2])
-    path = tmp_path / "v00000002" / "local-1.ckpt"
+    path = tmp_path / "v00000002.local-1.ckpt"
     path.write_bytes(path.read_bytes()[:-3])
     assert ranks[0].newest_loadable() == 2
     assert ranks[1].newest_loadable() == 1          # the engine agrees on the minimum
@@ -122,10 +125,16 @@ def test_a_crash_before_the_rename_leaves_the_previous_version(tmp_path):
     ranks = stores(tmp_path)
     save_versions(ranks, [1, 2])
     # Version 3 died while writing: only temporary files, no manifest.
-    (tmp_path / "v00000003").mkdir()
-    (tmp_path / "v00000003" / "global.ckpt.tmp-4242").write_bytes(b"half")
+    stale = tmp_path / "v00000003.global.ckpt.tmp-4242"
+    stale.write_bytes(b"half")
+    assert ranks[0].versions() == [1, 2, 3]
     assert ranks[0].newest_loadable() == 2
     assert ranks[0].load(2)[0] == b"global v2"
+    # The restarted job writes version 3 again; the crashed writer's temporary
+    # file goes when version 3 is pruned.
+    save_versions(ranks, [3, 4, 5])
+    assert ranks[0].newest_loadable() == 5 and not stale.exists()
+    assert ranks[0].versions() == [4, 5]
 
 
 def test_world_size_change_refused_with_local_models_allowed_without(tmp_path):
@@ -142,7 +151,7 @@ def test_world_size_change_refused_with_local_models_allowed_without(tmp_path):
 def test_no_loadable_version_is_an_error_not_a_fresh_start(tmp_path):
     ranks = stores(tmp_path, keep=1)
     save_versions(ranks, [1])
-    (tmp_path / "v00000001" / "global.ckpt").write_bytes(b"garbage")
+    (tmp_path / "v00000001.global.ckpt").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match=r"no version in .* can be loaded \(found \[1\]\)"):
         ranks[0].newest_loadable()
     assert DurableStore(str(tmp_path / "empty"), 0, 2).newest_loadable() == 0
@@ -150,7 +159,8 @@ def test_no_loadable_version_is_an_error_not_a_fresh_start(tmp_path):
 
 def test_a_failed_write_is_reported_on_the_next_call(tmp_path):
     store = DurableStore(str(tmp_path), 0, 1)
-    (tmp_path / "v00000001").write_text("a file where the version folder should be")
+    # A folder where the writer's temporary file should be: the open fails.
+    (tmp_path / f"v00000001.global.ckpt.tmp-{os.getpid()}").mkdir()
     store.save(1, b"g", None, False)
     with pytest.raises(CheckpointError, match="rank 0: writing a durable checkpoint failed"):
         store.flush()
