@@ -9,14 +9,18 @@ mkdir, a second folder fsync and a removal per version, about a third of a
 - ``v00000042.local-R.ckpt``: rank R's local model, written by rank R itself,
   in versions that use local models (only the leader writes a version that
   does not, so no rank lags behind in a version the leader may prune);
-- ``v00000042.MANIFEST.json``: world size, whether local models are used,
-  written by the leader after its global file.
+- ``v00000042.MANIFEST.f2.w4.local`` (or ``.global``): an empty file whose
+  name says the format, the world size and whether local models are used,
+  created by the leader after its global file. Empty, it has no data to
+  flush: its creation is made durable by the folder fsync that the renames
+  need anyway (a manifest with contents cost one more flush of the disk, a
+  fifth of a 1 MiB version).
 
 Every file is written to a temporary name, fdatasync'ed, renamed, and the
 folder fsync'ed, so a crash leaves either the old state or the whole new file
 (the leader fsyncs the folder once per version, after renaming its manifest).
 A ``.ckpt`` file starts with a header (magic, format, world size, version,
-payload length, CRC-32) so that a truncated, corrupt or foreign file is
+payload length, CRC-32C) so that a truncated, corrupt or foreign file is
 recognized. A version is *complete* when the manifest and every file it lists
 are there and valid; loading takes the newest complete version and falls back
 to older ones (with a warning) past a bad file. No rank waits for another:
@@ -41,15 +45,15 @@ rank restarts on the node where it wrote them.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
 import re
 import struct
 import threading
-import zlib
-from typing import BinaryIO, Callable, Dict, List, Optional, Tuple
+from typing import BinaryIO, Callable, Dict, List, NamedTuple, Optional, Tuple
+
+from crc32c import crc32c
 
 from ._version import __version__
 from .errors import CheckpointError
@@ -59,15 +63,28 @@ __all__ = ["DurableStore", "read_file", "write_file", "MAGIC"]
 log = logging.getLogger("rabit_py")
 
 MAGIC = b"RABITCKP"
-FORMAT = 1
-# magic, format, world size, version, has payload, payload length, crc32
+# 2: CRC-32C (Castagnoli, hardware-computed: 1 MiB in 0.04 ms here, where
+# zlib's CRC-32 of format 1 took 0.25-0.4 ms, a quarter of a 1 MiB version)
+FORMAT = 2
+# magic, format, world size, version, has payload, payload length, crc32c
 _HEADER = struct.Struct("<8sIIQBQI")
 # vNNNNNNNN.<name>; <name> is recyclable, or a temporary file (name.tmp-PID)
 _VERSION_FILE = re.compile(r"^v(\d{8,})\.(.+)$")
-_RECYCLABLE = re.compile(r"^(global|local-\d+)\.ckpt$|^MANIFEST\.json$")
-MANIFEST = "MANIFEST.json"
+_RECYCLABLE = re.compile(r"^(global|local-\d+)\.ckpt$")
+_MANIFEST = re.compile(r"^MANIFEST\.f(\d+)\.w(\d+)\.(local|global)$")
+
+
+class Manifest(NamedTuple):
+    """What a version's manifest says (Note [durable store])."""
+    format: int
+    world_size: int
+    uses_local: bool
+
+    @property
+    def name(self) -> str:
+        kind = "local" if self.uses_local else "global"
+        return f"MANIFEST.f{self.format}.w{self.world_size}.{kind}"
 RECYCLE_DIR = ".recycle"
-_OVERLAP_CRC_BYTES = 256 << 10
 
 
 def _fsync_dir(path: str) -> None:
@@ -88,18 +105,6 @@ def _datasync(fd: int) -> None:
     # timestamps: on a recycled file of the same size, no journal commit.
     sync = getattr(os, "fdatasync", os.fsync)
     sync(fd)
-
-
-def _start_writeback(fd: int) -> None:
-    """Ask the kernel to start writing ``fd``'s dirty pages (Linux: fadvise
-    DONTNEED starts an asynchronous writeback of the range); a no-op where
-    that is not available."""
-    advise = getattr(os, "posix_fadvise", None)
-    if advise is not None:
-        try:
-            advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
 
 
 def _claim(recycled: str, tmp: str) -> bool:
@@ -141,25 +146,12 @@ def write_file(path: str, payload: Optional[bytes], world_size: int, version: in
             fsyncs it after renaming more files into it.
     """
     data = payload if payload is not None else b""
-
-    def header(crc: int) -> bytes:
-        return _HEADER.pack(MAGIC, FORMAT, world_size, version, payload is not None,
-                            len(data), crc)
+    header = _HEADER.pack(MAGIC, FORMAT, world_size, version, payload is not None, len(data),
+                          crc32c(data))
 
     def write(f: BinaryIO) -> int:
-        if len(data) < _OVERLAP_CRC_BYTES:
-            f.write(header(zlib.crc32(data)))
-            f.write(data)
-        else:
-            # Start the disk write of the payload now, and compute the
-            # checksum while it is under way; the header is patched after,
-            # and the fdatasync that follows waits for both.
-            f.write(header(0))
-            f.write(data)
-            f.flush()
-            _start_writeback(f.fileno())
-            f.seek(0)
-            f.write(header(zlib.crc32(data)))
+        f.write(header)
+        f.write(data)
         return _HEADER.size + len(data)
 
     _write_atomic(path, write, recycled, sync_folder)
@@ -192,7 +184,7 @@ def read_file(path: str, version: int) -> Tuple[Optional[bytes], int]:
     data = raw[_HEADER.size:]
     if len(data) != length:
         raise CheckpointError(f"{path}: truncated (payload {len(data)} of {length} bytes)")
-    if zlib.crc32(data) != crc:
+    if crc32c(data) != crc:
         raise CheckpointError(f"{path}: corrupt (checksum mismatch)")
     return (data if has else None), world
 
@@ -231,8 +223,8 @@ class DurableStore:
 
     # ------------------------------------------------------------ writing
     def path(self, version: int, name: str) -> str:
-        """Where file ``name`` (``global.ckpt``, ``local-R.ckpt``,
-        ``MANIFEST.json``) of ``version`` lives."""
+        """Where file ``name`` (``global.ckpt``, ``local-R.ckpt``, a
+        manifest) of ``version`` lives."""
         return os.path.join(self.folder, f"v{version:08d}.{name}")
 
     def save(self, version: int, global_blob: Optional[bytes], local_blob: Optional[bytes],
@@ -292,17 +284,20 @@ class DurableStore:
                        recycled=self._recycled(name), sync_folder=self.rank != 0)
         if self.rank != 0:
             return
+        # A version written again (after a restart) is incomplete until its
+        # new manifest is there.
+        for name in self._files().get(version, []):
+            if _MANIFEST.match(name):
+                os.unlink(self.path(version, name))
         # Without local models only the leader writes: no other rank can be
         # left writing into a version that the leader has pruned already.
         write_file(self.path(version, "global.ckpt"), global_blob, self.world_size, version,
                    recycled=self._recycled("global.ckpt"), sync_folder=False)
-        manifest = json.dumps({"format": FORMAT, "rabit_py": __version__, "version": version,
-                               "world_size": self.world_size,
-                               "uses_local": uses_local}).encode()
-        _write_atomic(self.path(version, MANIFEST), lambda f: f.write(manifest),
-                      self._recycled(MANIFEST), sync_folder=False)
-        # One folder fsync makes the renames above durable (the manifest's
-        # after the files': a crash before it leaves the version incomplete).
+        manifest = Manifest(FORMAT, self.world_size, uses_local)
+        open(self.path(version, manifest.name), "wb").close()
+        # One folder fsync makes the rename and the creation above durable
+        # (the manifest's after the file's: a crash before it leaves the
+        # version incomplete).
         _fsync_dir(self.folder)
         self.prune()
 
@@ -327,7 +322,7 @@ class DurableStore:
     def _recycle(self, version: int, names: List[str]) -> None:
         """Keep a pruned version's files for the next writes (Note [recycled
         files]); the manifest goes first, so the version is incomplete before
-        any of its files disappears. Temporary files left by a crash go."""
+        any of its files disappears. Temporary files left by a crash go too."""
         bin_dir = os.path.join(self.folder, RECYCLE_DIR)
         if not self._have_bin:
             try:
@@ -335,7 +330,7 @@ class DurableStore:
             except OSError:
                 return
             self._have_bin = True
-        for name in sorted(names, key=lambda n: n != MANIFEST):
+        for name in sorted(names, key=lambda n: not _MANIFEST.match(n)):
             try:
                 if _RECYCLABLE.match(name):
                     os.replace(self.path(version, name), os.path.join(bin_dir, name))
@@ -364,14 +359,12 @@ class DurableStore:
         loading checks them fully, and falls back past a bad one."""
         if version in self._known_complete:
             return True
-        if MANIFEST not in names:
-            return False
         try:
-            manifest = self._manifest(version)
+            manifest = self._manifest(version, names)
         except CheckpointError:
             return False
-        needed = {"global.ckpt"} | ({f"local-{r}.ckpt" for r in range(manifest["world_size"])}
-                                    if manifest["uses_local"] else set())
+        needed = {"global.ckpt"} | ({f"local-{r}.ckpt" for r in range(manifest.world_size)}
+                                    if manifest.uses_local else set())
         if not needed.issubset(names):
             return False
         self._known_complete.add(version)
@@ -382,18 +375,25 @@ class DurableStore:
         """Version numbers that have a file (complete or not), oldest first."""
         return sorted(self._files())
 
-    def _manifest(self, version: int) -> dict:
-        path = self.path(version, MANIFEST)
-        try:
-            with open(path) as f:
-                manifest = json.load(f)
-        except OSError as exc:
-            raise CheckpointError(f"{path}: missing ({exc.strerror or exc}): the version was "
-                                  f"not finished") from exc
-        except ValueError as exc:
-            raise CheckpointError(f"{path}: corrupt ({exc})") from exc
-        if manifest.get("format") != FORMAT or manifest.get("version") != version:
-            raise CheckpointError(f"{path}: foreign or of another format/version")
+    def _manifest(self, version: int, names: Optional[List[str]] = None) -> Manifest:
+        """The manifest of ``version`` (``names``: its files, if listed already).
+
+        Raises:
+            CheckpointError: none (the version was not finished), or of another
+                format.
+        """
+        if names is None:
+            names = self._files().get(version, [])
+        found = [m for m in map(_MANIFEST.match, names) if m]
+        if not found:
+            raise CheckpointError(f"{self.path(version, 'MANIFEST.*')}: missing: the version "
+                                  f"was not finished")
+        m = found[0]
+        manifest = Manifest(int(m.group(1)), int(m.group(2)), m.group(3) == "local")
+        if manifest.format != FORMAT:
+            raise CheckpointError(f"{self.path(version, m.group(0))}: checkpoint format "
+                                  f"{manifest.format}, this rabit_py ({__version__}) reads "
+                                  f"format {FORMAT}")
         return manifest
 
     def _problem(self, version: int, local: bool) -> Optional[str]:
@@ -403,7 +403,7 @@ class DurableStore:
             manifest = self._manifest(version)
             read_file(self.path(version, "global.ckpt"), version)
             if local:
-                for r in range(manifest["world_size"]):
+                for r in range(manifest.world_size):
                     read_file(self.path(version, f"local-{r}.ckpt"), version)
         except CheckpointError as exc:
             return str(exc)
@@ -433,9 +433,9 @@ class DurableStore:
 
     def _local_problem(self, version: int) -> Optional[str]:
         manifest = self._manifest(version)
-        if not manifest["uses_local"]:
+        if not manifest.uses_local:
             return None
-        if manifest["world_size"] != self.world_size:
+        if manifest.world_size != self.world_size:
             return None         # refused with a clear error by load()
         try:
             read_file(self.path(version, f"local-{self.rank}.ckpt"), version)
@@ -452,13 +452,13 @@ class DurableStore:
         """
         manifest = self._manifest(version)
         global_blob, _ = read_file(self.path(version, "global.ckpt"), version)
-        if manifest["uses_local"] and manifest["world_size"] != self.world_size:
+        if manifest.uses_local and manifest.world_size != self.world_size:
             raise CheckpointError(
                 f"rank {self.rank}: checkpoint version {version} in {self.folder} was written by "
-                f"{manifest['world_size']} ranks with local models; this job has "
+                f"{manifest.world_size} ranks with local models; this job has "
                 f"{self.world_size} ranks. Local models belong to their ranks: restart with "
-                f"{manifest['world_size']} ranks (a global-only checkpoint may change size)")
+                f"{manifest.world_size} ranks (a global-only checkpoint may change size)")
         local_blob = None
-        if manifest["uses_local"]:
+        if manifest.uses_local:
             local_blob, _ = read_file(self.path(version, f"local-{self.rank}.ckpt"), version)
         return global_blob, local_blob

@@ -201,6 +201,9 @@ def durable_write_costs(reps: int = 9) -> Dict[int, tuple]:
     with tempfile.TemporaryDirectory() as folder:
         for size in (1 << 20, 16 << 20, 64 << 20):
             blob = os.urandom(size)
+            # From a quiet disk: the writeback of what ran before (the jobs'
+            # checkpoints, the previous size) would slow whichever runs first.
+            os.sync()
             raw: List[float] = []
             first: List[float] = []
             steady: List[float] = []

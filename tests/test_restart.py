@@ -58,10 +58,11 @@ def test_a_fault_with_recovery_off_restarts_the_job_from_disk(reference, tmp_pat
     # Only the newest complete versions stay on disk (RABIT_KEEP_CHECKPOINTS=2),
     # and the files of one pruned version, kept for reuse.
     names = [f"v0000000{v}.{n}" for v in (5, 6)
-             for n in ["MANIFEST.json", "global.ckpt"] + [f"local-{r}.ckpt" for r in range(RANKS)]]
+             for n in [f"MANIFEST.f2.w{RANKS}.local", "global.ckpt"]
+             + [f"local-{r}.ckpt" for r in range(RANKS)]]
     assert sorted(os.listdir(tmp_path)) == [".recycle"] + sorted(names)
     assert sorted(os.listdir(tmp_path / ".recycle")) == \
-        ["MANIFEST.json", "global.ckpt"] + [f"local-{r}.ckpt" for r in range(RANKS)]
+        ["global.ckpt"] + [f"local-{r}.ckpt" for r in range(RANKS)]
 
 
 def test_every_rank_killed_from_outside_resumes_from_disk(reference, tmp_path):

@@ -30,8 +30,8 @@ def test_versions_round_trip_and_old_ones_are_pruned(tmp_path):
         assert s.newest_loadable() == 3
         assert s.load(3) == (b"global v3", f"local {s.rank} v3".encode())
     assert sorted(os.listdir(tmp_path)) == [
-        ".recycle", "v00000002.MANIFEST.json", "v00000002.global.ckpt",
-        "v00000002.local-0.ckpt", "v00000002.local-1.ckpt", "v00000003.MANIFEST.json",
+        ".recycle", "v00000002.MANIFEST.f2.w2.local", "v00000002.global.ckpt",
+        "v00000002.local-0.ckpt", "v00000002.local-1.ckpt", "v00000003.MANIFEST.f2.w2.local",
         "v00000003.global.ckpt", "v00000003.local-0.ckpt", "v00000003.local-1.ckpt"]
 
 
@@ -47,7 +47,7 @@ def test_pruned_files_are_recycled_by_later_versions(tmp_path):
             s.flush()
     assert ranks[0].versions() == [6, 7]
     recycled = sorted(os.listdir(tmp_path / ".recycle"))
-    assert recycled == ["MANIFEST.json", "global.ckpt", "local-0.ckpt", "local-1.ckpt"]
+    assert recycled == ["global.ckpt", "local-0.ckpt", "local-1.ckpt"]
     # The next version's files are the recycled ones (the same inodes: never
     # deleted, so no inode number was freed and handed out again).
     for s in ranks:
@@ -165,3 +165,24 @@ def test_a_failed_write_is_reported_on_the_next_call(tmp_path):
     with pytest.raises(CheckpointError, match="rank 0: writing a durable checkpoint failed"):
         store.flush()
     store.close()
+
+
+def test_a_version_written_again_gets_one_new_manifest(tmp_path):
+    save_versions(stores(tmp_path), [1, 2], with_local=False)
+    # A restarted job of 3 ranks (a global-only checkpoint may change size)
+    # writes version 2 again: the old manifest goes, the new one says 3 ranks.
+    bigger = stores(tmp_path, world=3)
+    save_versions(bigger, [2], with_local=False)
+    assert sorted(n for n in os.listdir(tmp_path) if ".MANIFEST." in n) == [
+        "v00000001.MANIFEST.f2.w2.global", "v00000002.MANIFEST.f2.w3.global"]
+    assert bigger[2].newest_loadable() == 2 and bigger[2].load(2) == (b"global v2", None)
+
+
+def test_a_manifest_of_another_format_is_skipped_with_the_reason(tmp_path, caplog):
+    ranks = stores(tmp_path)
+    save_versions(ranks, [1, 2])
+    os.rename(tmp_path / "v00000002.MANIFEST.f2.w2.local",
+              tmp_path / "v00000002.MANIFEST.f1.w2.local")
+    with caplog.at_level(logging.WARNING, logger="rabit_py"):
+        assert ranks[0].newest_loadable() == 1
+    assert "v00000002.MANIFEST.f1.w2.local: checkpoint format 1, this rabit_py" in caplog.text
