@@ -16,9 +16,10 @@ mkdir, a second folder fsync and a removal per version, about a third of a
   need anyway (a manifest with contents cost one more flush of the disk, a
   fifth of a 1 MiB version).
 
-Every file is written to a temporary name, fdatasync'ed, renamed, and the
-folder fsync'ed, so a crash leaves either the old state or the whole new file
-(the leader fsyncs the folder once per version, after renaming its manifest).
+Every ``.ckpt`` file is written to a temporary name, fdatasync'ed, renamed,
+and the folder fsync'ed, so a crash leaves either the old state or the whole
+new file (the leader fsyncs the folder once per version, after creating the
+manifest).
 A ``.ckpt`` file starts with a header (magic, format, world size, version,
 payload length, CRC-32C) so that a truncated, corrupt or foreign file is
 recognized. A version is *complete* when the manifest and every file it lists
