@@ -221,6 +221,7 @@ class DurableStore:
         # their manifests again at every checkpoint).
         self._known_complete: set = set()
         self._have_bin = False              # .recycle/ made (by this process)
+        self._newest_listed: Optional[int] = None   # newest version in the last listing
 
     # ------------------------------------------------------------ writing
     def path(self, version: int, name: str) -> str:
@@ -286,10 +287,12 @@ class DurableStore:
         if self.rank != 0:
             return
         # A version written again (after a restart) is incomplete until its
-        # new manifest is there.
-        for name in self._files().get(version, []):
-            if _MANIFEST.match(name):
-                os.unlink(self.path(version, name))
+        # new manifest is there. Only this process makes manifests, one per
+        # version, in order: none can exist above the newest version listed.
+        if self._newest_listed is None or version <= self._newest_listed:
+            for name in self._files().get(version, []):
+                if _MANIFEST.match(name):
+                    os.unlink(self.path(version, name))
         # Without local models only the leader writes: no other rank can be
         # left writing into a version that the leader has pruned already.
         write_file(self.path(version, "global.ckpt"), global_blob, self.world_size, version,
@@ -350,6 +353,7 @@ class DurableStore:
         for m in map(_VERSION_FILE.match, entries):
             if m:
                 files.setdefault(int(m.group(1)), []).append(m.group(2))
+        self._newest_listed = max(files, default=0)
         return files
 
     def _complete(self, version: int, names: List[str]) -> bool:

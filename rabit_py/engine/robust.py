@@ -148,48 +148,54 @@ class RobustEngine(MpiEngine):
         (NCCL): numbered, its result kept (a host copy) and served to a
         replacement, run again after a failure from a copy of the input
         (on the device) unless ``prepare_fun`` remakes it."""
-        key = self._next_key()
-        signature = (Kind.ALLREDUCE, op_code(op), data.dtype.str, tuple(data.shape))
         backup = data.copy() if prepare_fun is None and self._size > 1 else None
 
-        def execute() -> Any:
+        def run() -> None:
             if backup is not None:
                 data[...] = backup
-            self._seqno = key[1]
             super(RobustEngine, self).device_allreduce(data, op, prepare_fun, reduce)
-            self._cache.put_array(key, Kind.ALLREDUCE, signature, data.get())
-            self._thin(key)
-            return data
 
-        def serve(entry: Entry) -> Any:
-            data.set(np.ascontiguousarray(entry.payload))
-            return data
-
-        return self._call(Kind.ALLREDUCE, key, signature, execute, serve, None)
+        return self._numbered_allreduce(data, op, None, run, data.get,
+                                        lambda payload: data.set(np.ascontiguousarray(payload)))
 
     # ------------------------------------------------------------ collectives
     def allreduce(self, data: np.ndarray, op: OpLike,
                   prepare_fun: Optional[PrepareFn] = None) -> np.ndarray:
-        key = self._next_key()
         error = check_allreduce(data, op)
-        signature = (() if error else (Kind.ALLREDUCE, op_code(op), data.dtype.str, data.shape))
         # An in-place MPI call that fails half-way leaves the buffer half
         # reduced: keep the input to run the call again, unless prepare_fun
         # can remake it.
         backup = (self._backup_of(data) if error is None and prepare_fun is None
                   and self._size > 1 else None)
 
-        def execute() -> np.ndarray:
+        def run() -> None:
             if backup is not None:
                 np.copyto(data, backup)
-            self._seqno = key[1]
             super(RobustEngine, self).allreduce(data, op, prepare_fun)
-            self._cache.put_array(key, Kind.ALLREDUCE, signature, data)
+
+        return self._numbered_allreduce(data, op, error, run, lambda: data,
+                                        lambda payload: np.copyto(data, payload))
+
+    def _numbered_allreduce(self, data: Any, op: OpLike, error: Optional[BaseException],
+                            run: Callable[[], None], result: Callable[[], np.ndarray],
+                            load: Callable[[np.ndarray], Any]) -> Any:
+        """The robust frame of an allreduce of ``data`` (host or device):
+        numbered; ``run()`` executes it (restoring the input first), then
+        ``result()`` (a host array) is kept for replay; a replacement's call is
+        served by ``load(payload)`` instead. Returns ``data``."""
+        key = self._next_key()
+        signature = (() if error else
+                     (Kind.ALLREDUCE, op_code(op), data.dtype.str, tuple(data.shape)))
+
+        def execute() -> Any:
+            self._seqno = key[1]
+            run()
+            self._cache.put_array(key, Kind.ALLREDUCE, signature, result())
             self._thin(key)
             return data
 
-        def serve(entry: Entry) -> np.ndarray:
-            np.copyto(data, entry.payload)
+        def serve(entry: Entry) -> Any:
+            load(entry.payload)
             return data
 
         return self._call(Kind.ALLREDUCE, key, signature, execute, serve, error)
