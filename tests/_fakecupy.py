@@ -79,6 +79,14 @@ def array(host: np.ndarray) -> ndarray:
     return ndarray(np.array(host))
 
 
+def empty(shape: object, dtype: object = float) -> ndarray:
+    return ndarray(np.empty(shape, dtype))
+
+
+def ascontiguousarray(data: np.ndarray) -> ndarray:
+    return data if data.flags.c_contiguous else ndarray(np.ascontiguousarray(data))
+
+
 class Event:
     def record(self, stream: "Stream" = None) -> None:
         pass
@@ -137,7 +145,7 @@ class NcclCommunicator:
         assert len(uid) == 128
         self._comm = base.Dup()
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
-        self.calls = 0
+        self.calls = self.broadcasts = self.allgathers = 0
         self.aborted = self.destroyed = False
         NcclCommunicator.created.append(self)
 
@@ -155,6 +163,34 @@ class NcclCommunicator:
         send = MPI.IN_PLACE if sendbuf == recvbuf else np.ctypeslib.as_array(
             (ctypes.c_byte * (count * dtype.itemsize)).from_address(sendbuf)).view(dtype)
         queue.requests.append(self._comm.Iallreduce(send, buf, op=_MPI_OPS[op]))
+
+    def broadcast(self, sendbuf: int, recvbuf: int, count: int, datatype: int, root: int,
+                  stream: int) -> None:
+        assert not (self.aborted or self.destroyed) and sendbuf == recvbuf
+        self.calls += 1
+        self.broadcasts += 1
+        nbytes = count * np.dtype(_NP_TYPES[datatype]).itemsize
+        buf = np.ctypeslib.as_array((ctypes.c_byte * nbytes).from_address(recvbuf))
+        queue = _STREAMS[stream]
+        if BASE_COMM().Get_rank() in HANG_RANKS:
+            queue.stuck = True
+            return
+        queue.requests.append(self._comm.Ibcast(buf, root=root))
+
+    def allGather(self, sendbuf: int, recvbuf: int, count: int, datatype: int,  # noqa: N802
+                  stream: int) -> None:
+        assert not (self.aborted or self.destroyed)
+        self.calls += 1
+        self.allgathers += 1
+        nbytes = count * np.dtype(_NP_TYPES[datatype]).itemsize
+        send = np.ctypeslib.as_array((ctypes.c_byte * nbytes).from_address(sendbuf))
+        recv = np.ctypeslib.as_array(
+            (ctypes.c_byte * (nbytes * self._comm.Get_size())).from_address(recvbuf))
+        queue = _STREAMS[stream]
+        if BASE_COMM().Get_rank() in HANG_RANKS:
+            queue.stuck = True
+            return
+        queue.requests.append(self._comm.Iallgather(send, recv))
 
     def check_async_error(self) -> None:
         pass
@@ -186,7 +222,7 @@ def install(modules: Dict[str, types.ModuleType] = None) -> types.ModuleType:
     cuda = types.ModuleType("cupy.cuda")
     nccl = types.ModuleType("cupy.cuda.nccl")
     cupy.ndarray, cupy.asarray, cupy.zeros, cupy.cuda = ndarray, asarray, zeros, cuda
-    cupy.array = array
+    cupy.array, cupy.empty, cupy.ascontiguousarray = array, empty, ascontiguousarray
     # Anything else (exp, log, maximum, arange...): NumPy's; ufuncs keep the
     # "device" array type.
     cupy.__getattr__ = lambda name: getattr(np, name)

@@ -29,9 +29,9 @@ from .._store import DurableStore
 from ..config import Config
 from ..errors import (CheckpointError, CollectiveMismatchError, CollectiveTimeoutError,
                       PeerFailure, RabitError, RecoveryError)
-from ..ops import CustomOp, Op, OpLike
-from ._broadcast import (ARRAY, ERROR, HEADER_LEN, INLINE_DIMS, header_dtype, inline_shape,
-                         root_header)
+from ..ops import CustomOp, Op, OpLike, dtype_code
+from ._broadcast import (ARRAY, DEVICE, ERROR, HEADER_LEN, INLINE_DIMS, array_header,
+                         header_dtype, inline_shape, root_header)
 from ._shm import SUPPORTED as SHM_SUPPORTED
 from ._shm import UFUNCS, NodeReducer
 from ._signature import (N_FIELDS, OBJECT, Call, Kind, agrees, call_signature, call_values,
@@ -41,7 +41,7 @@ from ._watchdog import (FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, Position, Watchdog
                         deadline, exchange_positions, find_notice, timeout_message)
 from .base import CheckpointResult, Engine, PrepareFn
 
-__all__ = ["MpiEngine", "ulfm_enabled"]
+__all__ = ["MpiEngine", "ulfm_enabled", "DEVICE_TRANSPORT"]
 
 log = logging.getLogger("rabit_py")
 
@@ -57,6 +57,10 @@ _ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
 _PEER_PROBE_TAG = 7399          # never sent: probing it only drives MPI's progress
 
 _NO_LAZY = object()
+#: The attachment that carries device arrays in broadcast and allgather (the
+#: NCCL backend of ``rabit_py.gpu``: ``carries``, ``broadcast``, ``allgather``,
+#: ``to_host``).
+DEVICE_TRANSPORT = "nccl"
 
 
 
@@ -214,6 +218,49 @@ class MpiEngine(Engine):
             self._leave()
         return data
 
+    def device_transport(self) -> Any:
+        """The transport that carries device arrays in :meth:`broadcast` and
+        :meth:`device_allgather` (the NCCL backend, attached by
+        ``rabit_py.gpu`` once chosen), or None: then they are staged through
+        host memory. None on an engine that replays results (the robust
+        engine keeps and serves them as host arrays)."""
+        if self.replays_results:
+            return None
+        transport = self._attachments.get(DEVICE_TRANSPORT)
+        return transport if hasattr(transport, "carries") else None
+
+    def device_allgather(self, data: Any) -> Any:
+        """:meth:`allgather` of a device array on :meth:`device_transport`, as
+        one of this engine's numbered calls (signature check, watchdog): the
+        row counts travel over MPI, the rows on the transport. Returns a new
+        device array.
+
+        Raises:
+            TypeError, ValueError: a dtype rabit_py does not carry, or a 0-d array.
+            CollectiveMismatchError, CollectiveTimeoutError: as :meth:`allgather`.
+        """
+        transport = self.device_transport()
+        assert transport is not None, "device_allgather needs a device transport"
+        error: Optional[BaseException] = None
+        if data.ndim == 0:
+            error = ValueError("allgather concatenates along axis 0 and needs an array with "
+                               "ndim >= 1; wrap a scalar as cupy.array([x])")
+        elif dtype_code(data.dtype) == 0:
+            error = TypeError(f"allgather does not support dtype {data.dtype}")
+        self._enter(Kind.ALLGATHER, error, True,
+                    (None, data.dtype, (-1,) + tuple(data.shape[1:]), None)
+                    if self._check and error is None else None)
+        try:
+            if self._size == 1:
+                return data.copy()
+            counts = np.empty(self._size, dtype=np.int64)
+            self._comm.Allgather(np.array([data.shape[0]], dtype=np.int64), counts)
+            return transport.allgather(data, counts.tolist())
+        except MPI.Exception as exc:
+            raise self._failure(exc) from exc
+        finally:
+            self._leave()
+
     def side_allgather(self, obj: Any) -> List[Any]:
         """Every rank's ``obj``, outside the numbered calls (for setting up a
         device transport: it is not part of the program's call sequence)."""
@@ -335,19 +382,25 @@ class MpiEngine(Engine):
 
     def broadcast(self, data: Any, root: int = 0) -> Any:
         error = check_root(root, self._size)
-        is_array = isinstance(data, np.ndarray)
+        transport = self.device_transport()
+        on_device = transport is not None and transport.carries(data)
+        is_array = not on_device and isinstance(data, np.ndarray)
         if error is None and is_array:
             error = check_array_broadcast(data)
+        if error is None and on_device and dtype_code(data.dtype) == 0:
+            error = TypeError(f"broadcast does not support dtype {data.dtype}")
         is_root = error is None and self._rank == root
 
         call: Optional[Call] = None
         if self._check and error is None:
-            call = ((None, data.dtype, data.shape, root) if is_array
+            call = ((None, data.dtype, tuple(data.shape), root) if is_array or on_device
                     else (None, OBJECT, None, root) if is_root else (None, None, None, root))
         self._enter(Kind.BROADCAST, error, True, call)
         pickle_error: Optional[BaseException] = None
         try:
-            if is_root or self._size == 1:
+            if on_device and (is_root or self._size == 1):
+                values, payload = array_header(DEVICE, tuple(data.shape), data.dtype), None
+            elif is_root or self._size == 1:
                 values, payload, pickle_error = root_header(data)
             self._broadcast_payload = None
             if self._size == 1:
@@ -367,6 +420,8 @@ class MpiEngine(Engine):
             h = header.tolist()
             if h[0] == ARRAY:
                 return self._broadcast_array(data, h, root)
+            if h[0] == DEVICE:
+                return self._broadcast_device(data, h, root)
             if not is_root:
                 payload = bytearray(h[1])
             self._comm.Bcast([payload, MPI.BYTE], root=root)
@@ -387,11 +442,7 @@ class MpiEngine(Engine):
                 self._comm.Bcast(np.array(data.shape, dtype=np.int64), root=root)
             self._comm.Bcast(data, root=root)
             return data
-        shape = inline_shape(header)
-        if shape is None:
-            full = np.empty(header[3], dtype=np.int64)
-            self._comm.Bcast(full, root=root)
-            shape = tuple(full.tolist())
+        shape = self._received_shape(header, root)
         dtype = header_dtype(header)
         if isinstance(data, np.ndarray) and data.shape == shape and data.dtype == dtype:
             self._comm.Bcast(data, root=root)
@@ -401,6 +452,48 @@ class MpiEngine(Engine):
         if isinstance(data, np.ndarray):
             # Only reachable with the signature check off; we still took part in
             # the Bcast above, so the other ranks are not left waiting.
+            raise CollectiveMismatchError(
+                f"rank {self._rank}: broadcast from root {root} sent {dtype}{list(shape)} "
+                f"but this rank passed {data.dtype}{list(data.shape)} to receive it in place")
+        return out
+
+    def _received_shape(self, header: list, root: int) -> tuple:
+        shape = inline_shape(header)
+        if shape is None:
+            full = np.empty(header[3], dtype=np.int64)
+            self._comm.Bcast(full, root=root)
+            shape = tuple(full.tolist())
+        return shape
+
+    def _broadcast_device(self, data: Any, header: list, root: int) -> Any:
+        """The root sent a device array (mode DEVICE): it travels on the
+        device transport. A receiver gets it in place in a matching device
+        array, copied into a matching NumPy array, else as a new device array."""
+        transport = self.device_transport()
+        if self._rank == root:
+            if header[3] > INLINE_DIMS:
+                self._comm.Bcast(np.array(data.shape, dtype=np.int64), root=root)
+            transport.broadcast(data, tuple(data.shape), data.dtype, root)
+            return data
+        shape = self._received_shape(header, root)
+        dtype = header_dtype(header)
+        if transport is None:
+            # Every rank chose the device backend at the same call: only a
+            # program whose ranks made different device calls gets here.
+            raise RabitError(
+                f"rank {self._rank}: broadcast from root {root} sends a device array on the "
+                f"NCCL backend, which this rank has not set up (its earlier device calls "
+                f"differ from the root's); the root may wait until its timeout")
+        matches = (getattr(data, "shape", None) is not None and tuple(data.shape) == shape
+                   and data.dtype == dtype)
+        in_place = matches and transport.carries(data)
+        out = transport.broadcast(data if in_place else None, shape, dtype, root)
+        if in_place:
+            return data
+        if matches and not transport.carries(data) and isinstance(data, np.ndarray):
+            np.copyto(data, transport.to_host(out))
+            return data
+        if isinstance(data, np.ndarray) or transport.carries(data):
             raise CollectiveMismatchError(
                 f"rank {self._rank}: broadcast from root {root} sent {dtype}{list(shape)} "
                 f"but this rank passed {data.dtype}{list(data.shape)} to receive it in place")

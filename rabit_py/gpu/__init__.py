@@ -50,8 +50,9 @@ def to_host(data: Any) -> Any:
 
 
 def _nccl_backend(engine: Any, backend: str, data: Any, op: Any) -> Any:
-    """The engine's NCCL backend for this allreduce, or None for staging
-    (see Note [device arrays]). Collective the first time it decides."""
+    """The engine's NCCL backend for this allreduce (``op`` None: for an
+    allgather, which only moves bytes), or None for staging (see Note [device
+    arrays]). Collective the first time it decides."""
     if backend == "staged":
         return None
     from ._nccl import ATTACHMENT, NcclBackend, nccl_reason, takes_nccl
@@ -59,6 +60,8 @@ def _nccl_backend(engine: Any, backend: str, data: Any, op: Any) -> Any:
     if not takes_nccl(data, op):
         return None
     if getattr(engine, "replays_results", False):
+        if op is None:
+            return None                 # the robust engine stages broadcast and allgather
         # The robust engine: a replacement's calls may be served from the
         # cache while the others wait in recovery rounds, so no collective
         # decision here; NCCL only when asked for (one GPU per rank assumed).
@@ -164,22 +167,33 @@ def _pinned_buffer(engine: Any, data: Any) -> Optional[np.ndarray]:
 
 
 def broadcast(engine: Any, backend: str, data: Any, root: int) -> Any:
-    """``engine.broadcast`` with device arrays staged through host memory (any
-    backend: receivers may pass another array or None, see Note [nccl
-    backend]): the
+    """``engine.broadcast`` of a device array: on the engine's NCCL backend
+    once it was chosen (the engine sends it there: receivers may pass another
+    array or None, Note [nccl backend]), else staged through host memory. The
     root's device array is sent; a rank that passes a device array of the same
     shape and dtype receives in place, others get what the engine returns."""
-    host = to_host(data)
-    result = engine.broadcast(host, root)
-    if is_device_array(data) and isinstance(result, np.ndarray) \
-            and result.shape == tuple(data.shape) and result.dtype == data.dtype:
-        data.set(result)
+    transport = engine.device_transport()
+    if transport is not None and transport.carries(data):
+        result = engine.broadcast(data, root)
+        if result is data or is_device_array(result) or not isinstance(result, np.ndarray):
+            return result
+        host = result                   # the root sent a host array (or an object)
+    else:
+        host = engine.broadcast(to_host(data), root)
+    if isinstance(host, np.ndarray) and host.shape == tuple(data.shape) \
+            and host.dtype == data.dtype:
+        data.set(host)
         return data
-    return result
+    return host
 
 
 def allgather(engine: Any, backend: str, data: Any) -> Any:
-    """``engine.allgather`` of a device array; the result is a device array."""
+    """``engine.allgather`` of a device array; the result is a device array.
+    On NCCL where the backend chooses it (as for allreduce: every rank of an
+    allgather passes a device array, so the choice is made together here if
+    not made yet), else staged through host memory."""
+    if getattr(data, "ndim", 0) >= 1 and _nccl_backend(engine, backend, data, None) is not None:
+        return engine.device_allgather(data)
     import cupy  # noqa: PLC0415 - only device arrays get here
 
     return cupy.asarray(engine.allgather(np.ascontiguousarray(data.get())))

@@ -33,9 +33,10 @@ and non-contiguous arrays.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 from ..errors import CollectiveTimeoutError, RabitError
+from . import is_device_array
 from ..ops import Op
 
 __all__ = ["NcclBackend", "nccl_reason", "takes_nccl"]
@@ -48,6 +49,7 @@ _DTYPES = {"b": "NCCL_INT8", "B": "NCCL_UINT8", "i": "NCCL_INT32", "I": "NCCL_UI
            "e": "NCCL_FLOAT16", "f": "NCCL_FLOAT32", "d": "NCCL_FLOAT64"}
 _OPS = {Op.SUM: "NCCL_SUM", Op.PROD: "NCCL_PROD", Op.MAX: "NCCL_MAX", Op.MIN: "NCCL_MIN"}
 _SPIN_SECONDS = 1e-3            # poll without sleeping for this long, then nap
+_MAX_PIECE = 1 << 30            # bytes per ncclBroadcast: its count is a C int
 
 
 def _modules() -> Any:
@@ -70,7 +72,10 @@ def nccl_reason() -> Optional[str]:
 
 def takes_nccl(data: Any, op: Any) -> bool:
     """Whether an allreduce of ``data`` with ``op`` can run on NCCL (the
-    same answer on every rank that makes the same call)."""
+    same answer on every rank that makes the same call); ``op`` None: an
+    allgather, which moves bytes (any dtype, any layout)."""
+    if op is None:
+        return True
     return (getattr(data.dtype, "char", "?") in _DTYPES
             and isinstance(op, int) and not isinstance(op, bool) and op in _OPS
             and bool(getattr(getattr(data, "flags", None), "c_contiguous", False)))
@@ -133,25 +138,105 @@ class NcclBackend:
         self._membership = membership
         self.communicators_made += 1
 
+    def carries(self, data: Any) -> bool:
+        """Whether ``data`` is a device array this backend can move (the
+        engine's broadcast asks: Note [nccl backend])."""
+        return is_device_array(data)
+
+    def to_host(self, data: Any) -> Any:
+        """A device array's contents in a new NumPy array."""
+        return data.get()
+
     def _run(self, data: Any, op: Any) -> None:
+        nccl = self._nccl
+        dtype = getattr(nccl, _DTYPES[data.dtype.char])
+        code = getattr(nccl, _OPS[op])
+        ptr = data.data.ptr
+        self._on_stream("allreduce", lambda stream: self._comm.allReduce(
+            ptr, ptr, data.size, dtype, code, stream))
+
+    def broadcast(self, target: Any, shape: tuple, dtype: Any, root: int) -> Any:
+        """Inside the engine's broadcast (the header told every rank the shape
+        and dtype): send the root's ``target``, or receive into ``target``
+        (a device array of that shape and dtype) or, if None, into a new
+        device array. Returns the array holding the root's values. Any dtype:
+        the bytes move as NCCL_UINT8, in pieces whose count fits NCCL's int.
+
+        Raises:
+            as :meth:`allreduce`.
+        """
+        cupy, nccl = self._cupy, self._nccl
+        with cupy.cuda.Device(self.device):
+            if target is None:
+                buffer = cupy.empty(shape, dtype=dtype)
+            elif target.flags.c_contiguous:
+                buffer = target
+            else:
+                buffer = cupy.ascontiguousarray(target)
+            nbytes, ptr = buffer.nbytes, buffer.data.ptr
+
+            def launch(stream: int) -> None:
+                for start in range(0, nbytes, _MAX_PIECE):
+                    count = min(_MAX_PIECE, nbytes - start)
+                    self._comm.broadcast(ptr + start, ptr + start, count, nccl.NCCL_UINT8,
+                                         root, stream)
+
+            if nbytes:
+                self._on_stream("broadcast", launch)
+            if target is not None and buffer is not target and self._engine.rank != root:
+                target[...] = buffer
+        return target if target is not None else buffer
+
+    def allgather(self, data: Any, rows: List[int]) -> Any:
+        """Inside the engine's allgather (``rows``: every rank's row count,
+        exchanged over MPI): every rank's ``data`` concatenated along axis 0,
+        in rank order, as a new device array. NCCL gathers equal pieces: when
+        the counts differ, each rank sends its rows padded to the largest
+        count and the padding is dropped after.
+
+        Raises:
+            as :meth:`allreduce`.
+        """
+        cupy, nccl = self._cupy, self._nccl
+        trailing = tuple(data.shape[1:])
+        most, ranks = max(rows), len(rows)
+        with cupy.cuda.Device(self.device):
+            out = cupy.empty((sum(rows),) + trailing, dtype=data.dtype)
+            if most == 0 or out.nbytes == 0:
+                return out
+            if min(rows) == most:
+                send, gathered = cupy.ascontiguousarray(data), out
+            else:
+                send = cupy.empty((most,) + trailing, dtype=data.dtype)
+                send[:data.shape[0]] = data
+                gathered = cupy.empty((ranks * most,) + trailing, dtype=data.dtype)
+            self._on_stream("allgather", lambda stream: self._comm.allGather(
+                send.data.ptr, gathered.data.ptr, send.nbytes, nccl.NCCL_UINT8, stream))
+            if gathered is not out:
+                offset = 0
+                for rank, count in enumerate(rows):
+                    out[offset:offset + count] = gathered[rank * most:rank * most + count]
+                    offset += count
+        return out
+
+    def _on_stream(self, what: str, launch: Callable[[int], None]) -> None:
+        """Run ``launch(stream)`` (NCCL calls) on the backend's stream, after
+        the work queued on the caller's stream, and wait for it."""
         if self._broken is not None:
             raise RabitError(self._broken)
         self._ensure_communicator()
-        cupy, nccl = self._cupy, self._nccl
-        dtype = getattr(nccl, _DTYPES[data.dtype.char])
-        code = getattr(nccl, _OPS[op])
+        cupy = self._cupy
         with cupy.cuda.Device(self.device):
             ready = cupy.cuda.Event()
             ready.record(cupy.cuda.get_current_stream())
             self._stream.wait_event(ready)
             try:
-                self._comm.allReduce(data.data.ptr, data.data.ptr, data.size, dtype, code,
-                                     self._stream.ptr)
+                launch(self._stream.ptr)
             except Exception as exc:  # noqa: BLE001 - nccl.NcclError, reported as ours
-                raise self._fail(f"NCCL allreduce failed: {exc}") from exc
-            self._wait()
+                raise self._fail(f"NCCL {what} failed: {exc}") from exc
+            self._wait(what)
 
-    def _wait(self) -> None:
+    def _wait(self, what: str) -> None:
         # Give up a little before the engine's watchdog (armed for this call
         # too), so that the error is ours rather than the watchdog's.
         timeout = 0.9 * self._engine.config.timeout
@@ -171,7 +256,7 @@ class NcclBackend:
             elapsed = time.monotonic() - start
             if timeout > 0 and elapsed > timeout:
                 raise self._fail(
-                    f"a NCCL allreduce did not complete within {timeout:.3g} s (a peer is "
+                    f"a NCCL {what} did not complete within {timeout:.3g} s (a peer is "
                     f"gone or stuck); the NCCL communicator was aborted",
                     CollectiveTimeoutError)
             if elapsed > _SPIN_SECONDS:

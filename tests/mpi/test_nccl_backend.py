@@ -90,13 +90,103 @@ def test_what_nccl_lacks_is_staged(fake_cupy):
         assert (custom.get() == SIZE).all()
         # none of these reached NCCL (nor made a communicator)
         assert engine.attachment("nccl") is None
-        # broadcast and allgather stay staged too
+        # a broadcast before the backend is chosen (by a device allreduce or
+        # allgather) is staged
         mine = fake_cupy.ndarray(np.full(4, RANK, dtype=np.int64))
         rabit.broadcast(mine, 0)
         assert (mine.get() == 0).all()
         assert engine.attachment("nccl") is None
     finally:
         rabit.finalize()
+
+
+def host_allgather(host):
+    """The reference: MPI's allgather of host rows."""
+    return np.concatenate(WORLD.allgather(host))
+
+
+# bool and complex have no NCCL arithmetic type; broadcast and allgather move bytes
+MOVED_DTYPES = (np.float32, np.float64, np.int8, np.uint64, np.bool_, np.complex128, np.float16)
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_broadcast_and_allgather_take_nccl_once_chosen(fake_cupy, check):
+    engine = start(gpu_backend="nccl", check=check)
+    try:
+        rng = np.random.default_rng(7)           # the same values on every rank
+        # rows that differ from rank to rank (padded on the wire), then equal rows
+        for dtype in MOVED_DTYPES:
+            for rows in (RANK + 1, 2):
+                host = (rng.standard_normal((SIZE * 3, 5)) * 9)[RANK::SIZE][:rows]
+                host = host.astype(dtype)
+                gathered = rabit.allgather(fake_cupy.ndarray(host))
+                assert isinstance(gathered, fake_cupy.ndarray)
+                reference = host_allgather(host)
+                assert gathered.shape == reference.shape
+                assert gathered.get().tobytes() == reference.tobytes()
+        nccl = engine.attachment("nccl")
+        assert isinstance(nccl, NcclBackend)     # chosen by the first allgather
+        # (one rank alone moves nothing: no communicator is made)
+        assert SIZE == 1 or nccl._comm.allgathers == 2 * len(MOVED_DTYPES)
+        # no rank has rows: nothing moves, an empty array of the right shape
+        empty = rabit.allgather(fake_cupy.ndarray(np.zeros((0, 3), dtype=np.int32)))
+        assert empty.shape == (0, 3) and empty.dtype == np.int32
+
+        root = SIZE - 1
+        for dtype in MOVED_DTYPES:
+            for shape in ((6,), (2, 3, 1, 2, 2)):     # 5 dims: the shape takes a 2nd message
+                sent = (rng.standard_normal(shape) * 9).astype(dtype)
+                receiver = RANK % 4
+                if RANK == root:
+                    data = fake_cupy.ndarray(sent)
+                elif receiver == 0:                   # a matching device array: in place
+                    data = fake_cupy.ndarray(np.zeros(shape, dtype))
+                elif receiver == 1:                   # None: a new device array
+                    data = None
+                elif receiver == 2:                   # a matching NumPy array: in place
+                    data = np.zeros(shape, dtype)
+                else:                                 # a strided device view: in place
+                    data = fake_cupy.ndarray(np.zeros(shape[::-1], dtype)).T
+                result = rabit.broadcast(data, root)
+                if data is not None:
+                    assert result is data
+                else:
+                    assert isinstance(result, fake_cupy.ndarray)
+                host_result = result if isinstance(result, np.ndarray) and \
+                    not isinstance(result, fake_cupy.ndarray) else result.get()
+                assert host_result.shape == shape
+                assert np.ascontiguousarray(host_result).tobytes() == sent.tobytes()
+        assert SIZE == 1 or nccl._comm.broadcasts == 2 * len(MOVED_DTYPES)
+        # a host array from the root reaches device receive buffers as before
+        target = fake_cupy.ndarray(np.zeros(3)) if RANK else np.arange(3.0)
+        assert rabit.broadcast(target, 0) is target
+        assert (np.asarray(target.get() if RANK else target) == np.arange(3.0)).all()
+        # the calls were numbered like any other: a checkpoint after them agrees
+        rabit.checkpoint({"step": 1})
+    finally:
+        rabit.finalize()
+
+
+def test_a_device_broadcast_into_a_wrong_buffer_is_reported(fake_cupy):
+    if SIZE == 1:
+        pytest.skip("needs two ranks")
+    for check in (True, False):
+        engine = start(gpu_backend="nccl", check=check)
+        try:
+            rabit.allgather(fake_cupy.ndarray(np.ones(1)))            # NCCL chosen
+            shape = (3,) if RANK != 1 else (4,)
+            data = fake_cupy.ndarray(np.full(shape, RANK, dtype=np.float32))
+            if RANK == 1 or check:
+                # checked: every rank hears of it before anything moves;
+                # unchecked: the rank that passed the wrong buffer still
+                # took part (nobody waits), and raises
+                with pytest.raises(rabit.CollectiveMismatchError, match=r"\[4\]|shape"):
+                    rabit.broadcast(data, 0)
+            else:
+                assert (rabit.broadcast(data, 0).get() == 0).all()
+            assert engine.attachment("nccl")._comm.broadcasts == (0 if check else 1)
+        finally:
+            rabit.finalize()
 
 
 def test_shared_gpus_are_staged_or_refused(fake_cupy):
@@ -135,6 +225,12 @@ def test_the_robust_engine_stages_unless_nccl_is_asked_for(fake_cupy, session):
         assert (data.get() == SIZE * (step + 1) + SIZE * (SIZE - 1) / 2).all()
     nccl = engine.attachment("nccl")
     assert isinstance(nccl, NcclBackend) and nccl._comm.calls == 3
+    # broadcast and allgather are staged: their results are kept as host arrays
+    mine = fake_cupy.ndarray(np.full(2, RANK, dtype=np.int64))
+    assert rabit.broadcast(mine, 0) is mine and (mine.get() == 0).all()
+    rows = rabit.allgather(fake_cupy.ndarray(np.full((1, 2), RANK)))
+    assert rows.get()[:, 0].tolist() == list(range(SIZE))
+    assert nccl._comm.calls == 3
     # kept for replay: a host copy of each result
     assert all(isinstance(e.payload, np.ndarray) and type(e.payload) is np.ndarray
                for e in engine._cache._entries.values())
