@@ -10,10 +10,10 @@ is chosen by ``RABIT_GPU_BACKEND`` (``Config.gpu_backend``):
   robust engine's cache and recovery apply unchanged), and copied back into
   the device array. For machines where ranks share a GPU or NCCL is missing,
   and for the robust engine.
-- ``nccl``: allreduce through ``cupy.cuda.nccl`` on the devices (Note [nccl
-  backend] in ``_nccl.py``), one GPU per rank; with the robust engine too
-  (results kept as host copies for replay, the communicator made again after
-  a recovery).
+- ``nccl``: allreduce, broadcast and allgather through ``cupy.cuda.nccl`` on
+  the devices (Note [nccl backend] in ``_nccl.py``), one GPU per rank; with
+  the robust engine, allreduce only (results kept as host copies for replay,
+  the communicator made again after a recovery).
 - ``auto``: with the plain engine, ``nccl`` where every rank can use it
   (NCCL importable everywhere, no two ranks of a node on one device; decided
   once, together, at the first device allreduce), else ``staged``; with the

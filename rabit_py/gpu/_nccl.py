@@ -24,10 +24,20 @@ engine's timeout the wait aborts the communicator and raises
 ``CollectiveTimeoutError``; after that or a NCCL error the backend refuses
 further calls with a clear error.
 
-Only allreduce goes through NCCL: broadcast and allgather (whose arrays may
-differ from rank to rank, or be absent on receivers) stay on the staged path,
-as do dtypes and ops that NCCL lacks (bool, bitwise ops, custom reducers)
-and non-contiguous arrays.
+Broadcast and allgather (plain engine) take NCCL once the backend is chosen:
+an allgather chooses it like an allreduce (every rank passes a device array),
+a broadcast cannot (receivers may pass None), so one made before the first
+device allreduce or allgather is staged. The engine frames both (numbering,
+signature check, watchdog). A broadcast's header (shape, dtype) travels over
+MPI from the root in mode ``DEVICE``, so that a receiver that passes None or
+a host array still takes part: it gets a new device array, or the values
+copied into its matching NumPy array. An allgather's row counts travel over
+MPI; NCCL gathers equal pieces, so unequal counts are padded to the largest
+and the padding dropped. Both move bytes (``NCCL_UINT8``): every dtype of the
+API is carried, bool and complex included. The robust engine stages them (its
+results are kept and served to a replacement as host arrays). Dtypes and ops
+that NCCL cannot reduce (bool, bitwise ops, custom reducers) and
+non-contiguous arrays take the staged allreduce.
 """
 
 from __future__ import annotations
