@@ -2,8 +2,9 @@
 # The checks that need a GPU, as one short run for a lent device (well under
 # 5 minutes): CuPy present and a device visible, then tests/gpu (device
 # arrays through the staged backend in one process and on 2 ranks sharing
-# the GPU, the NCCL backend and a CuPy GradientBucketer on one rank per GPU,
-# torch's CUDA tensors refused clearly). Everything else runs on
+# the GPU, the NCCL backend (allreduce, broadcast, allgather) and a CuPy
+# GradientBucketer on one rank per GPU, the torch adapter on CUDA tensors
+# where torch with CUDA is installed). Everything else runs on
 # the CPU in CI. Usage: scripts/gpu_check.sh  (from the repository root, in
 # an environment where `pip install -e ".[test,gpu]"` was run).
 set -uo pipefail

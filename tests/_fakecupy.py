@@ -92,6 +92,27 @@ class Event:
         pass
 
 
+def from_dlpack(tensor: object) -> ndarray:
+    """A "device" view of ``tensor``'s memory (DLPack: no copy)."""
+    return np.from_dlpack(tensor).view(ndarray)
+
+
+class ExternalStream:
+    """A stream made elsewhere (torch's); entered as the current stream."""
+
+    entered = 0
+
+    def __init__(self, ptr: int, device_id: int = None) -> None:
+        self.ptr = ptr
+
+    def __enter__(self) -> "ExternalStream":
+        ExternalStream.entered += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 class Stream:
     def __init__(self, non_blocking: bool = False) -> None:
         self.ptr = id(self)
@@ -223,10 +244,12 @@ def install(modules: Dict[str, types.ModuleType] = None) -> types.ModuleType:
     nccl = types.ModuleType("cupy.cuda.nccl")
     cupy.ndarray, cupy.asarray, cupy.zeros, cupy.cuda = ndarray, asarray, zeros, cuda
     cupy.array, cupy.empty, cupy.ascontiguousarray = array, empty, ascontiguousarray
+    cupy.from_dlpack = from_dlpack
     # Anything else (exp, log, maximum, arange...): NumPy's; ufuncs keep the
     # "device" array type.
     cupy.__getattr__ = lambda name: getattr(np, name)
     cuda.Device, cuda.Stream, cuda.Event = Device, Stream, Event
+    cuda.ExternalStream = ExternalStream
     cuda.get_current_stream, cuda.nccl = get_current_stream, nccl
     nccl.available, nccl.NcclError = True, NcclError
     nccl.NcclCommunicator, nccl.get_unique_id = NcclCommunicator, get_unique_id

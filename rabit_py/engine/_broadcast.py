@@ -4,10 +4,11 @@ The root decides the mode: an array is sent raw, in place where receivers pass a
 matching array, into a new array where they pass anything else; any other object
 is pickled. An array on a device is sent by the device transport (NCCL) in
 mode ``DEVICE`` with the same header, where the engine has one (Note [nccl
-backend] in ``rabit_py/gpu/_nccl.py``). The header is 8 int64s: ``mode, payload bytes, dtype code, ndim`` and
-up to 4 dimensions (arrays of more dimensions send their shape in a second,
-rare, message). A root whose object cannot be pickled sends the error text as
-the payload with mode ``ERROR``, so that every rank raises, not only the root.
+backend] in ``rabit_py/gpu/_nccl.py``). The header is 8 int64s:
+``mode, payload bytes, dtype code, ndim`` and up to 4 dimensions (arrays of
+more dimensions send their shape in a second, rare, message). A root whose
+object cannot be pickled sends the error text as the payload with mode
+``ERROR``, so that every rank raises, not only the root.
 """
 
 from __future__ import annotations

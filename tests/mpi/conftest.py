@@ -1,5 +1,6 @@
 """Fixtures for tests that run on every rank (under pytest-mpi)."""
 
+import sys
 from typing import Any, List
 
 import numpy as np
@@ -49,3 +50,19 @@ def same_on_all_ranks(arr: np.ndarray) -> bool:
 
 def needs_ranks(n: int):
     return pytest.mark.skipif(WORLD.Get_size() < n, reason=f"needs at least {n} ranks")
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    """The NumPy-backed CuPy/NCCL stand-in (tests/_fakecupy.py) as ``cupy``,
+    one "GPU" per rank."""
+    from .. import _fakecupy
+
+    if getattr(sys.modules.get("cupy"), "__file__", None):
+        pytest.skip("real CuPy is imported: tests/gpu covers it")
+    modules = {}
+    _fakecupy.install(modules)
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(_fakecupy.ndarray, "device_of_rank", staticmethod(lambda rank: rank))
+    yield _fakecupy

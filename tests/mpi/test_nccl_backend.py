@@ -4,7 +4,6 @@ they are framed by the engine (numbering, signature check), the results
 against MPI on host arrays, and the refusals. The real library is exercised
 by tests/gpu where a GPU is lent (scripts/gpu_check.sh)."""
 
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -15,23 +14,10 @@ import rabit_py as rabit
 from rabit_py.gpu import _Staged
 from rabit_py.gpu._nccl import NcclBackend
 
-from .. import _fakecupy
 from .conftest import WORLD
 
 SIZE = WORLD.Get_size()
 RANK = WORLD.Get_rank()
-
-
-@pytest.fixture
-def fake_cupy(monkeypatch):
-    if getattr(sys.modules.get("cupy"), "__file__", None):
-        pytest.skip("real CuPy is imported: tests/gpu covers it")
-    modules = {}
-    _fakecupy.install(modules)
-    for name, module in modules.items():
-        monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.setattr(_fakecupy.ndarray, "device_of_rank", staticmethod(lambda rank: rank))
-    yield _fakecupy
 
 
 def start(engine="mpi", **config):

@@ -1,7 +1,12 @@
 """The torch adapter on every rank (skipped where torch is not installed):
 gradients reduced during backward equal the average of every rank's
 gradients, unused parameters get zeros, no_sync accumulates, and a few
-optimizer steps match one process training on all ranks' data."""
+optimizer steps match one process training on all ranks' data. The CUDA
+path (DLPack views, CuPy buckets, NCCL) runs here on CPU tensors that the
+adapter is told are CUDA ones, with the CuPy/NCCL stand-in; tests/gpu runs it
+on a real GPU."""
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -126,3 +131,57 @@ def test_training_matches_one_process_on_all_the_data(session_torch):
 def test_bad_use(session_torch):
     with pytest.raises(TypeError, match="DistributedModule"):
         rt.DistributedOptimizer(torch.optim.SGD(Net().parameters(), lr=0.1), Net())
+
+
+def test_the_cuda_path_reduces_through_dlpack_views_and_nccl(session_torch, fake_cupy,
+                                                               monkeypatch):
+    # CPU tensors taken for CUDA ones: the adapter's CUDA branch (DLPack views
+    # both ways, torch's stream made CuPy's) on the stand-in's "device" arrays.
+    monkeypatch.setattr(rt, "_device_type", lambda tensor: "cuda")
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: SimpleNamespace(cuda_stream=1234))
+    entered = fake_cupy.ExternalStream.entered
+    net = Net()
+    model = rt.DistributedModule(net, bucket_cap_mb=2e-4, first_bucket_mb=1e-4)
+    try:
+        assert all(isinstance(f, fake_cupy.ndarray) for f in model.bucketer._flat)
+        # the parameters were broadcast in place through their DLPack views
+        assert same_on_all_ranks(torch.cat([p.detach().ravel() for p in net.parameters()])
+                                 .numpy())
+        reference = Net()
+        reference.load_state_dict(net.state_dict())
+        per_rank = [local_grads(reference, r, 0) for r in range(SIZE)]
+        net.zero_grad(set_to_none=True)
+        x, y = batch(RANK, 0)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        model.synchronize()
+        buckets = [f.ctypes.data for f in model.bucketer._flat]
+        spans = [(b, b + f.nbytes) for b, f in zip(buckets, model.bucketer._flat)]
+        for i, p in enumerate(net.parameters()):
+            # the gradient is a view of its bucket (no copy back)
+            assert any(lo <= p.grad.data_ptr() < hi for lo, hi in spans)
+            if per_rank[0][i] is None:
+                assert not p.grad.any()
+                continue
+            want = sum(g[i] for g in per_rank) / SIZE
+            torch.testing.assert_close(p.grad, want, rtol=1e-6, atol=1e-7)
+        # the broadcast, each used parameter's hook and the synchronize ran on
+        # torch's stream
+        used = sum(g is not None for g in per_rank[0])
+        assert fake_cupy.ExternalStream.entered - entered == 1 + used + 1
+        if SIZE > 1:
+            nccl = rabit.api._engine.attachment("nccl")
+            assert nccl._comm.calls >= len(model.bucketer.buckets)
+    finally:
+        model.close()
+
+
+def test_parameters_on_several_devices_are_refused(session_torch, monkeypatch):
+    net = Net()
+    monkeypatch.setattr(rt, "_device_type",
+                        lambda tensor: "cuda" if tensor.shape == (16, 5) else "cpu")
+    with pytest.raises(TypeError, match="several devices.*cpu.*cuda"):
+        rt.DistributedModule(net)
+    monkeypatch.setattr(rt, "_device_type", lambda tensor: "meta")
+    with pytest.raises(TypeError, match="dense CPU or CUDA"):
+        rt.DistributedModule(net)
