@@ -1,8 +1,9 @@
-"""A NCCL allreduce that a peer never joins, with the NumPy-backed CuPy/NCCL
-stand-ins (tests/_fakecupy.py): every rank must get CollectiveTimeoutError
-(not hang), and later device allreduces a clear refusal.
+"""A NCCL collective (allreduce, broadcast or allgather) that a peer never
+joins, with the NumPy-backed CuPy/NCCL stand-ins (tests/_fakecupy.py): every
+rank must get CollectiveTimeoutError (not hang), and later device allreduces
+a clear refusal.
 
-    rabit-run -n 2 python tests/programs/nccl_hang.py TIMEOUT_SECONDS
+    rabit-run -n 2 python tests/programs/nccl_hang.py TIMEOUT_SECONDS [COLLECTIVE]
 """
 
 import json
@@ -31,8 +32,14 @@ rabit.allreduce(first, rabit.Op.SUM)            # sets NCCL up; works
 report("FIRST", rank, str(first.get().tolist()))
 if rank == 1:
     _fakecupy.HANG_RANKS.add(1)                  # this rank's NCCL work never starts
+collective = sys.argv[2] if len(sys.argv) > 2 else "allreduce"
 try:
-    rabit.allreduce(_fakecupy.ndarray(np.ones(4)), rabit.Op.SUM)
+    if collective == "allreduce":
+        rabit.allreduce(_fakecupy.ndarray(np.ones(4)), rabit.Op.SUM)
+    elif collective == "broadcast":
+        rabit.broadcast(_fakecupy.ndarray(np.ones(4)) if rank == 0 else None, 0)
+    else:
+        rabit.allgather(_fakecupy.ndarray(np.ones((rank + 1, 2))))
     report("NO_TIMEOUT", rank, "")
 except rabit.CollectiveTimeoutError as exc:
     report("TIMEOUT", rank, str(exc))
