@@ -297,3 +297,20 @@ def test_a_rank_killed_around_nccl_allreduces_is_recovered_bitwise(check, spares
     assert results[1]["prepared"] == [2, 3, 4, 5]
     # the survivors made a new NCCL communicator for the new membership
     assert all(results[r]["communicators"] == 2 for r in (0, 2, 3))
+
+
+@pytest.mark.parametrize("mock", ["1,2,2,0", "0,3,3,0"])
+def test_a_rank_killed_in_a_nccl_broadcast_or_allgather_is_recovered_bitwise(mock):
+    # Killed in the device broadcast (rank 1, a receiver) or in the device
+    # allgather (rank 0, the next broadcast's root); the replacement gets the
+    # cached results as device arrays (the program asserts it).
+    out, reference = nccl_job({"RABIT_ENGINE": "robust"})
+    assert sorted(reference) == list(range(RANKS)), out[-6000:]
+    out, results = nccl_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": mock})
+    assert sorted(results) == list(range(RANKS)), out[-6000:]
+    killed = int(mock.split(",")[0])
+    for rank, r in results.items():
+        assert r["model"] == reference[rank]["model"], f"rank {rank} differs"
+        assert r["world"] == RANKS
+    assert results[killed]["joined"] == "spawned"
+    assert all(results[r]["communicators"] == 2 for r in range(RANKS) if r != killed)

@@ -38,11 +38,14 @@ Key = Tuple[int, int]
 
 class Entry(NamedTuple):
     """A cached result: the call's kind, a description to check a replayed call
-    against (dtype, shape, root, op), and the payload (an array or bytes)."""
+    against (dtype, shape, root, op), the payload (an array or bytes), and
+    whether the call's result was a device array (kept as its host copy; a
+    replacement gets a device array back)."""
 
     kind: int
     signature: tuple
     payload: Any
+    device: bool = False
 
 
 class ResultCache:
@@ -63,13 +66,15 @@ class ResultCache:
         """The entry for ``key``, or None."""
         return self._entries.get(key)
 
-    def put_array(self, key: Key, kind: int, signature: tuple, result: np.ndarray) -> None:
-        """Keep a copy of ``result`` (the caller still owns its array)."""
+    def put_array(self, key: Key, kind: int, signature: tuple, result: np.ndarray,
+                  device: bool = False) -> None:
+        """Keep a copy of the host array ``result`` (the caller still owns
+        it); ``device``: the call's result was a device array."""
         flat = result.reshape(-1)
         spares = self._pool.get((flat.size, flat.dtype.str))
-        copy = spares.pop() if spares else np.empty_like(flat)
+        copy = spares.pop() if spares else np.empty(flat.size, dtype=flat.dtype)
         np.copyto(copy, flat)
-        self._put(key, Entry(kind, signature, copy.reshape(result.shape)))
+        self._put(key, Entry(kind, signature, copy.reshape(result.shape), device))
 
     def put_bytes(self, key: Key, kind: int, signature: tuple, payload: bytes) -> None:
         """Keep immutable bytes as they are."""

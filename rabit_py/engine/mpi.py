@@ -114,6 +114,7 @@ class MpiEngine(Engine):
         self._header = np.zeros(HEADER_LEN, dtype=np.int64)
         self._header_sent: Optional[list] = None   # what _header holds, if we sent it
         self._broadcast_payload: Optional[Any] = None
+        self._broadcast_device = False      # whether the last broadcast was a device array
         self._attachments: Dict[str, Any] = {}
         self._membership = 0
         self._watchdog = (Watchdog(config.timeout, self._on_timeout)
@@ -222,10 +223,7 @@ class MpiEngine(Engine):
         """The transport that carries device arrays in :meth:`broadcast` and
         :meth:`device_allgather` (the NCCL backend, attached by
         ``rabit_py.gpu`` once chosen), or None: then they are staged through
-        host memory. None on an engine that replays results (the robust
-        engine keeps and serves them as host arrays)."""
-        if self.replays_results:
-            return None
+        host memory."""
         transport = self._attachments.get(DEVICE_TRANSPORT)
         return transport if hasattr(transport, "carries") else None
 
@@ -403,6 +401,7 @@ class MpiEngine(Engine):
             elif is_root or self._size == 1:
                 values, payload, pickle_error = root_header(data)
             self._broadcast_payload = None
+            self._broadcast_device = on_device
             if self._size == 1:
                 # Same errors at world size 1 as at N: the object must pickle.
                 if pickle_error is not None:
@@ -421,7 +420,8 @@ class MpiEngine(Engine):
             if h[0] == ARRAY:
                 return self._broadcast_array(data, h, root)
             if h[0] == DEVICE:
-                return self._broadcast_device(data, h, root)
+                self._broadcast_device = True   # the robust engine keeps that too
+                return self._broadcast_device_array(data, h, root)
             if not is_root:
                 payload = bytearray(h[1])
             self._comm.Bcast([payload, MPI.BYTE], root=root)
@@ -465,7 +465,7 @@ class MpiEngine(Engine):
             shape = tuple(full.tolist())
         return shape
 
-    def _broadcast_device(self, data: Any, header: list, root: int) -> Any:
+    def _broadcast_device_array(self, data: Any, header: list, root: int) -> Any:
         """The root sent a device array (mode DEVICE): it travels on the
         device transport. A receiver gets it in place in a matching device
         array, copied into a matching NumPy array, else as a new device array."""

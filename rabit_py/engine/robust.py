@@ -156,7 +156,8 @@ class RobustEngine(MpiEngine):
             super(RobustEngine, self).device_allreduce(data, op, prepare_fun, reduce)
 
         return self._numbered_allreduce(data, op, None, run, data.get,
-                                        lambda payload: data.set(np.ascontiguousarray(payload)))
+                                        lambda payload: data.set(np.ascontiguousarray(payload)),
+                                        device=True)
 
     # ------------------------------------------------------------ collectives
     def allreduce(self, data: np.ndarray, op: OpLike,
@@ -178,7 +179,7 @@ class RobustEngine(MpiEngine):
 
     def _numbered_allreduce(self, data: Any, op: OpLike, error: Optional[BaseException],
                             run: Callable[[], None], result: Callable[[], np.ndarray],
-                            load: Callable[[np.ndarray], Any]) -> Any:
+                            load: Callable[[np.ndarray], Any], device: bool = False) -> Any:
         """The robust frame of an allreduce of ``data`` (host or device):
         numbered; ``run()`` executes it (restoring the input first), then
         ``result()`` (a host array) is kept for replay; a replacement's call is
@@ -190,7 +191,7 @@ class RobustEngine(MpiEngine):
         def execute() -> Any:
             self._seqno = key[1]
             run()
-            self._cache.put_array(key, Kind.ALLREDUCE, signature, result())
+            self._cache.put_array(key, Kind.ALLREDUCE, signature, result(), device)
             self._thin(key)
             return data
 
@@ -202,13 +203,18 @@ class RobustEngine(MpiEngine):
 
     def broadcast(self, data: Any, root: int = 0) -> Any:
         key = self._next_key()
-        is_array = isinstance(data, np.ndarray)
         signature = (Kind.BROADCAST, root)
 
         def execute() -> Any:
             self._seqno = key[1]
             result = super(RobustEngine, self).broadcast(data, root)
-            if isinstance(result, np.ndarray) and self._broadcast_payload is None:
+            transport = self.device_transport()
+            if self._broadcast_device:
+                # A device array (NCCL): its host copy is kept.
+                host = (transport.to_host(result) if transport is not None
+                        and transport.carries(result) else result)
+                self._cache.put_array(key, Kind.BROADCAST, signature, host, device=True)
+            elif isinstance(result, np.ndarray) and self._broadcast_payload is None:
                 self._cache.put_array(key, Kind.BROADCAST, signature, result)
             else:
                 self._cache.put_bytes(key, Kind.BROADCAST, signature,
@@ -220,9 +226,16 @@ class RobustEngine(MpiEngine):
             payload = entry.payload
             if not isinstance(payload, np.ndarray):
                 return deserialize(payload, "broadcast result")
-            if is_array and data.shape == payload.shape and data.dtype == payload.dtype:
+            transport = self.device_transport()
+            on_device = transport is not None and transport.carries(data)
+            if (on_device or isinstance(data, np.ndarray)) and \
+                    tuple(data.shape) == payload.shape and data.dtype == payload.dtype:
+                if on_device:
+                    return transport.upload(payload, data)
                 np.copyto(data, payload)
                 return data
+            if entry.device and transport is not None:
+                return transport.upload(payload)
             return payload.copy()
 
         return self._call(Kind.BROADCAST, key, signature, execute, serve, None)
@@ -240,6 +253,25 @@ class RobustEngine(MpiEngine):
 
         return self._call(Kind.ALLGATHER, key, signature, execute,
                           lambda entry: entry.payload.copy(), None)
+
+    def device_allgather(self, data: Any) -> Any:
+        """As :meth:`allgather`, for a device array on the device transport:
+        numbered, its result kept (a host copy) and served to a replacement
+        as a new device array."""
+        key = self._next_key()
+        signature = (Kind.ALLGATHER,)
+        transport = self.device_transport()
+
+        def execute() -> Any:
+            self._seqno = key[1]
+            result = super(RobustEngine, self).device_allgather(data)
+            self._cache.put_array(key, Kind.ALLGATHER, signature, transport.to_host(result),
+                                  device=True)
+            self._thin(key)
+            return result
+
+        return self._call(Kind.ALLGATHER, key, signature, execute,
+                          lambda entry: transport.upload(entry.payload), None)
 
     def _thin(self, key: Key) -> None:
         """Keep the result of ``key``; drop the previous call's unless this

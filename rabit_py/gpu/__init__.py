@@ -12,8 +12,8 @@ is chosen by ``RABIT_GPU_BACKEND`` (``Config.gpu_backend``):
   and for the robust engine.
 - ``nccl``: allreduce, broadcast and allgather through ``cupy.cuda.nccl`` on
   the devices (Note [nccl backend] in ``_nccl.py``), one GPU per rank; with
-  the robust engine, allreduce only (results kept as host copies for replay,
-  the communicator made again after a recovery).
+  the robust engine too (results kept as host copies for replay, the
+  communicator made again after a recovery).
 - ``auto``: with the plain engine, ``nccl`` where every rank can use it
   (NCCL importable everywhere, no two ranks of a node on one device; decided
   once, together, at the first device allreduce), else ``staged``; with the
@@ -60,8 +60,6 @@ def _nccl_backend(engine: Any, backend: str, data: Any, op: Any) -> Any:
     if not takes_nccl(data, op):
         return None
     if getattr(engine, "replays_results", False):
-        if op is None:
-            return None                 # the robust engine stages broadcast and allgather
         # The robust engine: a replacement's calls may be served from the
         # cache while the others wait in recovery rounds, so no collective
         # decision here; NCCL only when asked for (one GPU per rank assumed).

@@ -1,7 +1,7 @@
 """The NCCL backend for CuPy arrays (Note [nccl backend]).
 
 # Note [nccl backend]
-One ``NcclCommunicator`` per engine, made at the first device allreduce that
+One ``NcclCommunicator`` per engine, made at the first device call that
 takes this path: rank 0's unique id reaches the others over the engine's MPI
 communicator (outside the program's numbered calls), and each rank joins on
 the device of the array it passed (one rank per GPU: ``auto`` takes this
@@ -24,9 +24,9 @@ engine's timeout the wait aborts the communicator and raises
 ``CollectiveTimeoutError``; after that or a NCCL error the backend refuses
 further calls with a clear error.
 
-Broadcast and allgather (plain engine) take NCCL once the backend is chosen:
-an allgather chooses it like an allreduce (every rank passes a device array),
-a broadcast cannot (receivers may pass None), so one made before the first
+Broadcast and allgather take NCCL once the backend is chosen: an allgather
+chooses it like an allreduce (every rank passes a device array), a broadcast
+cannot (receivers may pass None), so one made before the first
 device allreduce or allgather is staged. The engine frames both (numbering,
 signature check, watchdog). A broadcast's header (shape, dtype) travels over
 MPI from the root in mode ``DEVICE``, so that a receiver that passes None or
@@ -34,8 +34,10 @@ a host array still takes part: it gets a new device array, or the values
 copied into its matching NumPy array. An allgather's row counts travel over
 MPI; NCCL gathers equal pieces, so unequal counts are padded to the largest
 and the padding dropped. Both move bytes (``NCCL_UINT8``): every dtype of the
-API is carried, bool and complex included. The robust engine stages them (its
-results are kept and served to a replacement as host arrays). Dtypes and ops
+API is carried, bool and complex included. The robust engine keeps a host
+copy of their results, marked as device results, and serves a replacement
+device arrays made from it (in place where it passes a matching one). Dtypes
+and ops
 that NCCL cannot reduce (bool, bitwise ops, custom reducers) and
 non-contiguous arrays take the staged allreduce.
 """
@@ -156,6 +158,20 @@ class NcclBackend:
     def to_host(self, data: Any) -> Any:
         """A device array's contents in a new NumPy array."""
         return data.get()
+
+    def upload(self, host: Any, target: Any = None) -> Any:
+        """The host array ``host`` on this backend's device: copied into the
+        device array ``target`` (same shape and dtype) if given, else into a
+        new one, which is returned (the robust engine serves kept results so)."""
+        cupy = self._cupy
+        with cupy.cuda.Device(self.device):
+            if target is None:
+                return cupy.asarray(host)
+            if target.flags.c_contiguous:
+                target.set(host)
+            else:
+                target[...] = cupy.asarray(host)
+            return target
 
     def _run(self, data: Any, op: Any) -> None:
         nccl = self._nccl

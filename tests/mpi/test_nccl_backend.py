@@ -211,16 +211,19 @@ def test_the_robust_engine_stages_unless_nccl_is_asked_for(fake_cupy, session):
         assert (data.get() == SIZE * (step + 1) + SIZE * (SIZE - 1) / 2).all()
     nccl = engine.attachment("nccl")
     assert isinstance(nccl, NcclBackend) and nccl._comm.calls == 3
-    # broadcast and allgather are staged: their results are kept as host arrays
+    # broadcast and allgather go through NCCL too
     mine = fake_cupy.ndarray(np.full(2, RANK, dtype=np.int64))
     assert rabit.broadcast(mine, 0) is mine and (mine.get() == 0).all()
-    rows = rabit.allgather(fake_cupy.ndarray(np.full((1, 2), RANK)))
-    assert rows.get()[:, 0].tolist() == list(range(SIZE))
-    assert nccl._comm.calls == 3
-    # kept for replay: a host copy of each result
-    assert all(isinstance(e.payload, np.ndarray) and type(e.payload) is np.ndarray
-               for e in engine._cache._entries.values())
-    assert len(engine._cache) >= 1
+    got = rabit.broadcast(None if RANK else fake_cupy.ndarray(np.arange(3.0)), 0)
+    assert isinstance(got, fake_cupy.ndarray) and got.get().tolist() == [0.0, 1.0, 2.0]
+    rows = rabit.allgather(fake_cupy.ndarray(np.full((RANK + 1, 2), RANK)))
+    assert isinstance(rows, fake_cupy.ndarray)
+    assert rows.get()[:, 0].tolist() == [r for r in range(SIZE) for _ in range(r + 1)]
+    assert SIZE == 1 or (nccl._comm.broadcasts, nccl._comm.allgathers) == (2, 1)
+    # kept for replay: a host copy of each result, marked as a device one
+    entries = list(engine._cache._entries.values())
+    assert all(type(e.payload) is np.ndarray and e.device for e in entries)
+    assert len(entries) >= 1
 
 
 def test_a_mismatch_on_the_nccl_path_is_reported(fake_cupy):
