@@ -24,6 +24,8 @@ class _Memory:
 
 
 class Device:
+    current = 0                             # the device made current by use()
+
     def __init__(self, id: int = 0) -> None:  # noqa: A002 - CuPy's name
         self.id = id
 
@@ -34,7 +36,15 @@ class Device:
         return None
 
     def use(self) -> None:
-        pass
+        Device.current = self.id
+
+
+class runtime:  # noqa: N801 - cupy.cuda.runtime
+    device_count = 1
+
+    @staticmethod
+    def getDeviceCount() -> int:  # noqa: N802 - CuPy's name
+        return runtime.device_count
 
 
 class ndarray(np.ndarray):  # noqa: N801 - CuPy's name
@@ -249,7 +259,7 @@ def install(modules: Dict[str, types.ModuleType] = None) -> types.ModuleType:
     # "device" array type.
     cupy.__getattr__ = lambda name: getattr(np, name)
     cuda.Device, cuda.Stream, cuda.Event = Device, Stream, Event
-    cuda.ExternalStream = ExternalStream
+    cuda.ExternalStream, cuda.runtime = ExternalStream, runtime
     cuda.get_current_stream, cuda.nccl = get_current_stream, nccl
     nccl.available, nccl.NcclError = True, NcclError
     nccl.NcclCommunicator, nccl.get_unique_id = NcclCommunicator, get_unique_id

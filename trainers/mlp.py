@@ -217,11 +217,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="NumPy on the CPU or CuPy on the current GPU")
+                        help="NumPy on the CPU, or CuPy on GPU rank %% GPU count")
     parser.add_argument("--out", help="write the parameters as JSON here (rank 0)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     with rabit.session():
+        if args.device == "cuda":
+            import rabit_py.gpu  # noqa: PLC0415 - GPU runs only
+
+            rabit_py.gpu.select_device()
         X, y = load_shard(args.train, args.label_column)
         model = MLPClassifier([int(h) for h in args.hidden.split(",") if h], args.classes,
                               args.steps, args.batch_size, args.lr,

@@ -26,13 +26,15 @@ device array when its type comes from the ``cupy`` package.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from ..errors import RabitError
 
-__all__ = ["is_device_array", "to_host", "allreduce", "broadcast", "allgather", "BACKENDS"]
+__all__ = ["is_device_array", "to_host", "allreduce", "broadcast", "allgather", "BACKENDS",
+           "select_device"]
 
 BACKENDS = ("auto", "staged", "nccl")
 
@@ -42,6 +44,34 @@ def is_device_array(data: Any) -> bool:
     every collective call, so kept cheap)."""
     module = type(data).__module__
     return module.startswith("cupy") and (len(module) == 4 or module[4] == ".")
+
+
+def select_device() -> int:
+    """Make GPU ``rank % device_count`` CuPy's current device, and return its
+    index: one rank per GPU where ranks fill each node in blocks of its GPU
+    count (a node's first G ranks on its G GPUs: Open MPI's default by-slot
+    placement with as many slots as GPUs, or ``--map-by ppr:G:node``). A
+    replacement that takes a dead rank's number takes its GPU. Not
+    collective. For torch: ``torch.cuda.set_device(rabit_py.gpu.select_device())``.
+
+    Raises:
+        ImportError: CuPy is not installed.
+        RabitError: no CUDA device is visible to this process.
+        NotInitializedError: before ``rabit_py.init()``.
+    """
+    import cupy  # noqa: PLC0415 - only for GPU programs
+
+    from .. import api  # noqa: PLC0415 - the facade imports this module
+
+    rank = api.get_rank()
+    count = cupy.cuda.runtime.getDeviceCount()
+    if count < 1:
+        raise RabitError(f"rank {rank}: no CUDA device is visible to this process "
+                         f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
+                         f"use NumPy arrays, or run where a GPU is")
+    device = rank % count
+    cupy.cuda.Device(device).use()
+    return device
 
 
 def to_host(data: Any) -> Any:
@@ -77,7 +107,7 @@ def _nccl_backend(engine: Any, backend: str, data: Any, op: Any) -> Any:
     places = [(host, dev) for _, host, dev in everyone]
     if len(set(places)) != len(places):
         problems.append("two ranks use the same GPU of a node (NCCL needs one rank per GPU; "
-                        "pick a device per rank, e.g. cupy.cuda.Device(local_rank).use())")
+                        "pick a device per rank: rabit_py.gpu.select_device())")
     if problems:
         if backend == "nccl":
             raise RabitError(f"rank {engine.rank}: RABIT_GPU_BACKEND=nccl cannot be used: "

@@ -49,7 +49,7 @@ from rabit_py.bucket import GradientBucketer
 from rabit_py.gpu._nccl import NcclBackend
 rabit.init(engine="mpi", gpu_backend="nccl")
 rank, size = rabit.get_rank(), rabit.get_world_size()
-cupy.cuda.Device(rank % cupy.cuda.runtime.getDeviceCount()).use()
+assert rabit.gpu.select_device() == rank % cupy.cuda.runtime.getDeviceCount()
 for dtype in (cupy.float16, cupy.float32, cupy.float64, cupy.int32, cupy.int64):
     x = cupy.full((1 << 20,), rank + 1, dtype=dtype)
     assert rabit.allreduce(x, rabit.Op.SUM) is x
@@ -92,9 +92,8 @@ TORCH_PROGRAM = r"""
 import copy, cupy, torch, rabit_py as rabit, rabit_py.torch as rt
 rabit.init(engine="mpi")
 rank, size = rabit.get_rank(), rabit.get_world_size()
-device = torch.device("cuda", rank % torch.cuda.device_count())
+device = torch.device("cuda", rabit.gpu.select_device())
 torch.cuda.set_device(device)
-cupy.cuda.Device(device.index).use()
 torch.manual_seed(rank)                 # rank 0's weights reach the others
 net = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3))
 model = rt.DistributedModule(net.to(device), bucket_cap_mb=0.01, first_bucket_mb=0.001)

@@ -175,6 +175,22 @@ def test_a_device_broadcast_into_a_wrong_buffer_is_reported(fake_cupy):
             rabit.finalize()
 
 
+def test_select_device_takes_rank_modulo_the_gpu_count(fake_cupy, monkeypatch):
+    rabit.init(engine="mpi")
+    try:
+        for count in (1, 2, 3):
+            monkeypatch.setattr(fake_cupy.runtime, "device_count", count)
+            assert rabit.gpu.select_device() == RANK % count
+            assert fake_cupy.Device.current == RANK % count
+        monkeypatch.setattr(fake_cupy.runtime, "device_count", 0)
+        with pytest.raises(rabit.RabitError, match=f"rank {RANK}: no CUDA device"):
+            rabit.gpu.select_device()
+    finally:
+        rabit.finalize()
+    with pytest.raises(rabit.NotInitializedError):
+        rabit.gpu.select_device()
+
+
 def test_shared_gpus_are_staged_or_refused(fake_cupy):
     fake_cupy.ndarray.device_of_rank = staticmethod(lambda rank: 0)
     engine = start()
