@@ -299,14 +299,16 @@ def test_a_rank_killed_around_nccl_allreduces_is_recovered_bitwise(check, spares
     assert all(results[r]["communicators"] == 2 for r in (0, 2, 3))
 
 
-@pytest.mark.parametrize("mock", ["1,2,2,0", "0,3,3,0"])
-def test_a_rank_killed_in_a_nccl_broadcast_or_allgather_is_recovered_bitwise(mock):
+@pytest.mark.parametrize("mock,check", [("1,2,2,0", "1"), ("0,3,3,0", "0")])
+def test_a_rank_killed_in_a_nccl_broadcast_or_allgather_is_recovered_bitwise(mock, check):
     # Killed in the device broadcast (rank 1, a receiver) or in the device
-    # allgather (rank 0, the next broadcast's root); the replacement gets the
-    # cached results as device arrays (the program asserts it).
+    # allgather (rank 0, the next broadcast's root; the check off, so the
+    # survivors meet the failure in the allgather's exchange of row counts);
+    # the replacement gets the cached results as device arrays (the program
+    # asserts it).
     out, reference = nccl_job({"RABIT_ENGINE": "robust"})
     assert sorted(reference) == list(range(RANKS)), out[-6000:]
-    out, results = nccl_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": mock})
+    out, results = nccl_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": mock, "RABIT_CHECK": check})
     assert sorted(results) == list(range(RANKS)), out[-6000:]
     killed = int(mock.split(",")[0])
     for rank, r in results.items():
