@@ -55,15 +55,22 @@ def test_make_data_writes_shards_that_join_up(tmp_path):
 
 
 def test_bench_overlap_times_every_mode(tmp_path):
+    import importlib.util
+
     out_json = tmp_path / "overlap.json"
+    plot = importlib.util.find_spec("matplotlib") is not None     # the "bench" extra
     code, out = run(rabit_run(2, sys.executable, "scripts/bench_overlap.py", "--layers", "3",
                               "--width", "64", "--batch", "16", "--steps", "2", "--bucket-mb",
-                              "0.01", "--json", str(out_json)), timeout=120)
+                              "0.01", "--json", str(out_json),
+                              *(["--plot", str(tmp_path / "overlap.png")] if plot else [])),
+                    timeout=120)
     assert code == 0, out
     result = json.loads(out_json.read_text())
     assert set(result["median"]) == {"no communication", "reduce alone",
                                      "reduce after backward", "bucketed overlap"}
     assert all(len(t) == 2 and min(t) > 0 for t in result["seconds"].values())
+    assert result["device"] == "cpu" and result["speedup"] > 0
+    assert not plot or (tmp_path / "overlap.png").stat().st_size > 0
 
 
 def test_bench_kvstore_times_every_mode(tmp_path):
