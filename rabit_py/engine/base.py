@@ -15,10 +15,14 @@ import numpy as np
 
 from ..ops import OpLike
 
-__all__ = ["Engine", "PrepareFn", "CheckpointResult"]
+__all__ = ["Engine", "PrepareFn", "CheckpointResult", "DEVICE_TRANSPORT"]
 
 PrepareFn = Callable[[np.ndarray], Any]
 CheckpointResult = Union[Tuple[int, Any], Tuple[int, Any, Any]]
+#: The engine attachment that carries device arrays in broadcast and allgather
+#: (the NCCL backend of ``rabit_py.gpu``: ``carries``, ``to_host``,
+#: ``upload``, ``broadcast``, ``allgather``).
+DEVICE_TRANSPORT = "nccl"
 
 
 class Engine(abc.ABC):

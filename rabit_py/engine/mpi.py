@@ -39,9 +39,9 @@ from ._signature import (N_FIELDS, OBJECT, Call, Kind, agrees, call_signature, c
 from ._validate import check_allgather, check_allreduce, check_array_broadcast, check_root
 from ._watchdog import (FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, Position, Watchdog, announce,
                         deadline, exchange_positions, find_notice, timeout_message)
-from .base import CheckpointResult, Engine, PrepareFn
+from .base import DEVICE_TRANSPORT, CheckpointResult, Engine, PrepareFn
 
-__all__ = ["MpiEngine", "ulfm_enabled", "DEVICE_TRANSPORT"]
+__all__ = ["MpiEngine", "ulfm_enabled"]
 
 log = logging.getLogger("rabit_py")
 
@@ -57,10 +57,6 @@ _ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
 _PEER_PROBE_TAG = 7399          # never sent: probing it only drives MPI's progress
 
 _NO_LAZY = object()
-#: The attachment that carries device arrays in broadcast and allgather (the
-#: NCCL backend of ``rabit_py.gpu``: ``carries``, ``broadcast``, ``allgather``,
-#: ``to_host``).
-DEVICE_TRANSPORT = "nccl"
 
 
 

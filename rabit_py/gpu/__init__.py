@@ -16,9 +16,9 @@ is chosen by ``RABIT_GPU_BACKEND`` (``Config.gpu_backend``):
   communicator made again after a recovery).
 - ``auto``: with the plain engine, ``nccl`` where every rank can use it
   (NCCL importable everywhere, no two ranks of a node on one device; decided
-  once, together, at the first device allreduce), else ``staged``; with the
-  robust engine ``staged`` (a decision made together cannot be made while a
-  replacement replays).
+  once, together, at the first device allreduce or allgather), else
+  ``staged``; with the robust engine ``staged`` (a decision made together
+  cannot be made while a replacement replays).
 
 Nothing here imports CuPy unless a device array is passed: an array is a
 device array when its type comes from the ``cupy`` package.
