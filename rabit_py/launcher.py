@@ -365,6 +365,16 @@ def _supervise(proc: "subprocess.Popen[bytes]", ranks: int,
         return (0 if _clean_exits(status_dir) >= ranks else 1), False
     code = code if code >= 0 else 128 - code
     unfinished = _unfinished(status_dir)
+    if code > 128 and not unfinished and _clean_exits(status_dir) >= ranks:
+        # Seen with --with-ft ulfm: a process that replaced a dead rank
+        # finalizes cleanly, then aborts inside Open MPI's own teardown
+        # (ompi_dpm_dyn_finalize: "free(): invalid next size"). The job's work
+        # is complete: do not report (or restart) it as failed.
+        print(f"rabit-run: every rank finalized cleanly, then a process died of signal "
+              f"{code - 128} after it, in MPI's own teardown (an Open MPI bug seen after "
+              f"recoveries); the job's work is complete: exit status 0",
+              file=sys.stderr, flush=True)
+        code = 0
     if code == 0 and unfinished:
         # Seen with --with-ft ulfm: every rank SIGKILLed, yet mpirun exits 0.
         print(f"rabit-run: mpirun reported success but rank(s) "

@@ -115,3 +115,4 @@ def test_a_nccl_collective_that_a_peer_never_joins_times_out(collective):
     assert all("device collectives cannot go on" in r["message"]
                or (r["rank"] == 0 and collective == "broadcast"
                    and "a peer process failed" in r["message"]) for r in refused)
+

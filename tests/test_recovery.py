@@ -316,3 +316,38 @@ def test_a_rank_killed_in_a_nccl_broadcast_or_allgather_is_recovered_bitwise(moc
         assert r["world"] == RANKS
     assert results[killed]["joined"] == "spawned"
     assert all(results[r]["communicators"] == 2 for r in range(RANKS) if r != killed)
+
+
+TEARDOWN_CRASH = r"""
+import atexit, os, sys, numpy as np
+from mpi4py import MPI
+if MPI.Comm.Get_parent() != MPI.COMM_NULL:
+    # A replacement dies of SIGABRT after MPI_Finalize, as Open MPI's own
+    # teardown (ompi_dpm_dyn_finalize) sometimes makes it do after recoveries.
+    atexit.register(lambda: (MPI.Finalize(), os.abort()))
+import rabit_py as rabit
+rabit.init(timeout=30)
+version, model = rabit.load_checkpoint()
+model = 0.0 if version == 0 else model
+for it in range(version, 3):
+    x = np.full(4, rabit.get_rank() + it, dtype=np.float64)
+    rabit.allreduce(x, rabit.Op.SUM)
+    model += x.sum()
+    rabit.checkpoint(model)
+print("DONE", rabit.get_rank(), model, flush=True)
+rabit.finalize()
+"""
+
+
+def test_a_replacement_crashing_in_mpis_teardown_after_finalize_is_not_a_failure():
+    # Seen in CI: every rank finalized cleanly and printed its result, then a
+    # spawned replacement aborted inside MPI_Finalize and mpirun exited 134.
+    code, out = run(rabit_run(2, sys.executable, "-c", TEARDOWN_CRASH), timeout=90,
+                    env={"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,1,0,0"})
+    assert "DONE 0 36.0" in out and "DONE 1 36.0" in out, out[-4000:]
+    assert "replaced rank(s) [1]" in out
+    assert code == 0, out[-4000:]
+    # mpirun either reports the signal (then rabit-run explains its 0) or stays
+    # after every rank ended (then rabit-run stops it)
+    assert ("in MPI's own teardown" in out
+            or "every rank finalized but the job did not exit" in out), out[-4000:]
