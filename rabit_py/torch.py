@@ -78,7 +78,8 @@ class _Arrays:
         if not self.cuda:
             return contextlib.nullcontext()
         stream = torch.cuda.current_stream(self.device_index)
-        return self.cupy.cuda.ExternalStream(stream.cuda_stream, self.device_index)
+        device = -1 if self.device_index is None else self.device_index   # -1: unknown
+        return self.cupy.cuda.ExternalStream(stream.cuda_stream, device)
 
     def on_device(self) -> ContextManager[Any]:
         """The parameters' device made CuPy's current one (CUDA): buckets are
