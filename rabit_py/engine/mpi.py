@@ -376,7 +376,8 @@ class MpiEngine(Engine):
 
     def broadcast(self, data: Any, root: int = 0) -> Any:
         error = check_root(root, self._size)
-        transport = self.device_transport()
+        # Plain NumPy arrays (the common case) skip the device lookup.
+        transport = self.device_transport() if type(data) is not np.ndarray else None
         on_device = transport is not None and transport.carries(data)
         is_array = not on_device and isinstance(data, np.ndarray)
         if error is None and is_array:

@@ -208,11 +208,11 @@ class RobustEngine(MpiEngine):
         def execute() -> Any:
             self._seqno = key[1]
             result = super(RobustEngine, self).broadcast(data, root)
-            transport = self.device_transport()
             if self._broadcast_device:
-                # A device array (NCCL): its host copy is kept.
-                host = (transport.to_host(result) if transport is not None
-                        and transport.carries(result) else result)
+                # A device array (NCCL): its host copy is kept (a receiver that
+                # passed a NumPy array got one already).
+                transport = self.device_transport()
+                host = transport.to_host(result) if transport.carries(result) else result
                 self._cache.put_array(key, Kind.BROADCAST, signature, host, device=True)
             elif isinstance(result, np.ndarray) and self._broadcast_payload is None:
                 self._cache.put_array(key, Kind.BROADCAST, signature, result)
@@ -241,37 +241,35 @@ class RobustEngine(MpiEngine):
         return self._call(Kind.BROADCAST, key, signature, execute, serve, None)
 
     def allgather(self, data: np.ndarray) -> np.ndarray:
-        key = self._next_key()
-        signature = (Kind.ALLGATHER,)
-
-        def execute() -> np.ndarray:
-            self._seqno = key[1]
-            result = super(RobustEngine, self).allgather(data)
-            self._cache.put_array(key, Kind.ALLGATHER, signature, result)
-            self._thin(key)
-            return result
-
-        return self._call(Kind.ALLGATHER, key, signature, execute,
-                          lambda entry: entry.payload.copy(), None)
+        return self._numbered_allgather(lambda: super(RobustEngine, self).allgather(data),
+                                        lambda result: result, lambda payload: payload.copy())
 
     def device_allgather(self, data: Any) -> Any:
         """As :meth:`allgather`, for a device array on the device transport:
         numbered, its result kept (a host copy) and served to a replacement
         as a new device array."""
+        transport = self.device_transport()
+        return self._numbered_allgather(
+            lambda: super(RobustEngine, self).device_allgather(data), transport.to_host,
+            transport.upload, device=True)
+
+    def _numbered_allgather(self, gather: Callable[[], Any], to_host: Callable[[Any], np.ndarray],
+                            load: Callable[[np.ndarray], Any], device: bool = False) -> Any:
+        """The robust frame of an allgather: numbered; ``gather()`` executes
+        it and ``to_host(result)`` is kept for replay; a replacement's call
+        gets ``load(payload)`` instead."""
         key = self._next_key()
         signature = (Kind.ALLGATHER,)
-        transport = self.device_transport()
 
         def execute() -> Any:
             self._seqno = key[1]
-            result = super(RobustEngine, self).device_allgather(data)
-            self._cache.put_array(key, Kind.ALLGATHER, signature, transport.to_host(result),
-                                  device=True)
+            result = gather()
+            self._cache.put_array(key, Kind.ALLGATHER, signature, to_host(result), device)
             self._thin(key)
             return result
 
         return self._call(Kind.ALLGATHER, key, signature, execute,
-                          lambda entry: transport.upload(entry.payload), None)
+                          lambda entry: load(entry.payload), None)
 
     def _thin(self, key: Key) -> None:
         """Keep the result of ``key``; drop the previous call's unless this

@@ -45,6 +45,19 @@ def local_grads(net, rank, step):
     return [None if p.grad is None else p.grad.clone() for p in net.parameters()]
 
 
+def reduced_step(net, model):
+    """Every rank's gradients of step 0, computed here on a copy with the same
+    weights; then this rank's step 0 through ``model``, synchronized."""
+    reference = Net()
+    reference.load_state_dict(net.state_dict())
+    per_rank = [local_grads(reference, r, 0) for r in range(SIZE)]
+    net.zero_grad(set_to_none=True)
+    x, y = batch(RANK, 0)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    model.synchronize()
+    return per_rank
+
+
 @pytest.fixture
 def session_torch():
     torch.manual_seed(RANK)                # different initial weights on every rank
@@ -60,14 +73,7 @@ def test_gradients_are_the_average_over_ranks(session_torch):
         assert len(model.bucketer.buckets) >= 3
         state = [p.detach().numpy().copy() for p in net.parameters()]
         assert same_on_all_ranks(np.concatenate([s.ravel() for s in state]))   # rank 0's
-        # Every rank's gradient, computed here on a copy with the same weights.
-        reference = Net()
-        reference.load_state_dict(net.state_dict())
-        per_rank = [local_grads(reference, r, 0) for r in range(SIZE)]
-        net.zero_grad(set_to_none=True)
-        x, y = batch(RANK, 0)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        model.synchronize()
+        per_rank = reduced_step(net, model)
         for i, p in enumerate(net.parameters()):
             if per_rank[0][i] is None:             # the unused layer
                 assert not p.grad.any()
@@ -148,13 +154,7 @@ def test_the_cuda_path_reduces_through_dlpack_views_and_nccl(session_torch, fake
         # the parameters were broadcast in place through their DLPack views
         assert same_on_all_ranks(torch.cat([p.detach().ravel() for p in net.parameters()])
                                  .numpy())
-        reference = Net()
-        reference.load_state_dict(net.state_dict())
-        per_rank = [local_grads(reference, r, 0) for r in range(SIZE)]
-        net.zero_grad(set_to_none=True)
-        x, y = batch(RANK, 0)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        model.synchronize()
+        per_rank = reduced_step(net, model)
         buckets = [f.ctypes.data for f in model.bucketer._flat]
         spans = [(b, b + f.nbytes) for b, f in zip(buckets, model.bucketer._flat)]
         for i, p in enumerate(net.parameters()):
