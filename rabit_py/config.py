@@ -70,6 +70,26 @@ class Config:
             processes and sets it). The last ``spares`` processes of
             ``MPI.COMM_WORLD`` wait inside ``init()``; the job's world size is
             the rest. Robust engine only (Note [spares] in ``engine/_spares.py``).
+        recovery_timeout: seconds one in-job repair may take (survivors
+            shrinking, spawning and merging, a replacement joining, spares
+            rebuilding) before the job is ended for a restart from the durable
+            checkpoint (``RABIT_RECOVERY_TIMEOUT``, default 30; measured repairs
+            take 0.01-2 s on the development VM; 0 = no limit). Replayed calls
+            are collectives and wait up to ``timeout`` like any other.
+        crash_loop: a rank whose replacements die this many times in a row
+            before catching up with the others is taken for a bug (a crash or an
+            exit at start-up that every replacement repeats), not a fault: the
+            job ends with ``RecoveryError`` naming the rank
+            (``RABIT_CRASH_LOOP``, default 3; 0 = never).
+        cache_budget: bytes of results the robust engine keeps for replay on
+            one rank (``RABIT_CACHE_BUDGET``; 0, the default, means 1/16 of
+            the machine's memory shared by the ranks on it). Results past it
+            are not kept (said once, as a warning): a failure before the next
+            checkpoint then ends the job for a restart from the durable
+            checkpoint instead of an in-job recovery (Note [cache budget]).
+        run_status_dir: the folder where ranks report to ``rabit-run``
+            (``RABIT_RUN_STATUS_DIR``, set by rabit-run; Note [status folder]
+            in ``rabit_py/_status.py``).
         gpu_backend: how CuPy arrays are reduced: ``"auto"``, ``"staged"``
             (through host memory) or ``"nccl"`` (not built yet)
             (``RABIT_GPU_BACKEND``; see Note [device arrays] in ``rabit_py/gpu``).
@@ -90,6 +110,10 @@ class Config:
     shm_min_bytes: int = 32 << 20
     node_size: int = 0
     spares: int = 0
+    recovery_timeout: float = 30.0
+    crash_loop: int = 3
+    cache_budget: int = 0
+    run_status_dir: Optional[str] = None
     gpu_backend: str = "auto"
 
     def __post_init__(self) -> None:
@@ -99,6 +123,9 @@ class Config:
         if not isinstance(self.timeout, (int, float)) or self.timeout < 0:
             raise ValueError(
                 f"timeout={self.timeout!r} must be a number of seconds >= 0 (0 = no timeout)")
+        if not isinstance(self.recovery_timeout, (int, float)) or self.recovery_timeout < 0:
+            raise ValueError(f"recovery_timeout={self.recovery_timeout!r} must be a number of "
+                             f"seconds >= 0 (0 = no limit)")
         if not isinstance(self.check, bool):
             raise TypeError(f"check={self.check!r} must be a bool")
         if isinstance(self.keep_checkpoints, bool) or not isinstance(self.keep_checkpoints, int) \
@@ -114,7 +141,7 @@ class Config:
         if not isinstance(self.shm, bool):
             raise TypeError(f"shm={self.shm!r} must be a bool")
         for name in ("replicas", "max_recoveries", "restart_count", "shm_min_bytes",
-                     "node_size", "result_copies", "spares"):
+                     "node_size", "result_copies", "spares", "crash_loop", "cache_budget"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r} must be an integer >= 0")
@@ -177,7 +204,7 @@ class Config:
 
 
 # Variables that rabit_py tools set for the program, not settings of the engine.
-_KNOWN_FOREIGN = frozenset({"RABIT_RUN_STATUS_DIR"})
+_KNOWN_FOREIGN: frozenset = frozenset()
 
 
 def _parse(type_name: Any, text: str) -> Any:

@@ -60,10 +60,20 @@ class CollectiveTimeoutError(RabitError):
 
 class RecoveryError(RabitError):
     """A peer failed and the job cannot recover in place: the engine has no
-    fault tolerance (``"mpi"``), or a needed result or model has no living copy.
+    fault tolerance (``"mpi"``), a needed result or model has no living copy,
+    a repair did not complete within ``recovery_timeout``, or a rank keeps
+    dying right after being replaced.
 
-    The launcher (``rabit-run``) may restart the job from a durable checkpoint.
+    Attributes:
+        restartable: whether a restart from the durable checkpoint may help
+            (the launcher, ``rabit-run --max-restarts``, then restarts the job).
+            False for a rank that keeps dying right after being replaced
+            (``crash_loop``): a bug in the program, which a restart repeats.
     """
+
+    def __init__(self, message: str, restartable: bool = True) -> None:
+        super().__init__(message)
+        self.restartable = restartable
 
 
 class CheckpointError(RabitError):

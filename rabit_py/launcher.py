@@ -26,21 +26,17 @@ import argparse
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ._supervisor import LAUNCH_FAILED, Attempt, Outcome
 
 __all__ = ["main", "find_mpirun", "build_command", "split_args"]
 
-_GRACE_SECONDS = 10.0
-_LINGER_SECONDS = 5.0
-_EXIT_GRACE_SECONDS = 10.0
-STATUS_DIR_VARIABLE = "RABIT_RUN_STATUS_DIR"
 
 
 def find_mpirun(explicit: Optional[str] = None) -> str:
@@ -100,7 +96,7 @@ def split_args(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
         cut = argv.index("--")
         return argv[:cut], argv[cut + 1:]
     takes_value = {"-n", "-np", "--np", "-c", "--mpirun", "--max-restarts", "--checkpoint-dir",
-                   "--spares",
+                   "--spares", "--stall-timeout",
                    "--restart-delay", "--launcher", "--hostfile", "--machinefile", "--host",
                    "-H"}
     takes_two = {"--mca", "-mca", "--gmca", "-gmca"}     # --mca NAME VALUE
@@ -148,6 +144,11 @@ def _parser() -> argparse.ArgumentParser:
                              "in-job recovery; sets RABIT_SPARES)")
     parser.add_argument("--restart-delay", type=float, default=1.0,
                         help="seconds before the first restart, doubled each time (max 30)")
+    parser.add_argument("--stall-timeout", type=float, default=None,
+                        help="end the job (and restart it, with --max-restarts) when no rank "
+                             "made progress for this many seconds while every living rank "
+                             "waited inside rabit_py (default: 10 times the longest gap "
+                             "between two progress reports seen so far, between 60 and 900)")
     return parser
 
 
@@ -225,53 +226,9 @@ def _sets_btl(passthrough: Sequence[str]) -> bool:
         word == "btl" or word.startswith("btl=") for word in passthrough)
 
 
-def _marks(status_dir: str, kind: str) -> set:
-    """Ranks (as ``rank-R``) that left a ``rank-R.<kind>`` mark (the engines
-    write ``started`` at init, ``ok`` / ``failed`` at exit)."""
-    return {n.rsplit(".", 1)[0] for n in os.listdir(status_dir) if n.endswith("." + kind)}
-
-
-def _clean_exits(status_dir: str) -> int:
-    """Ranks whose every engine finalized cleanly before the process exited."""
-    return len(_marks(status_dir, "ok") - _marks(status_dir, "failed"))
-
-
-def _descendants(pid: int) -> List[int]:
-    """Every live (not zombie) descendant of ``pid`` (Linux /proc; empty elsewhere)."""
-    children: dict = {}
-    for entry in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = entry.read_text().rsplit(")", 1)[1].split()
-            if fields[0] == "Z":
-                # An ended rank that mpirun has not reaped (seen when it hangs
-                # after an abort): not alive.
-                continue
-            children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _kill_job(proc: "subprocess.Popen[bytes]") -> None:
-    # Ranks run in process groups of their own: kill them by PID, then mpirun's group.
-    for pid in _descendants(proc.pid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _run(cmd: List[str], ranks: int, extra_env: Optional[dict] = None) -> Tuple[int, bool]:
-    """Run one attempt; return (exit status, whether the user interrupted it).
+def _run(cmd: List[str], ranks: int, env: Dict[str, str], stall_timeout: Optional[float],
+         private_dirs: bool) -> Outcome:
+    """Run one attempt under supervision (Note [supervision] in ``_supervisor.py``).
 
     An mpirun that fails to start the job at all (PRRTE's exit status 213, no
     rank started: seen as "The PMIx server's listener thread failed to
@@ -279,115 +236,14 @@ def _run(cmd: List[str], ranks: int, extra_env: Optional[dict] = None) -> Tuple[
     not a failure of the job, and restarts are not spent on it.
     """
     for launch in range(_LAUNCH_TRIES):
-        # Each rank leaves marks here (see MpiEngine): started at init, ok or
-        # failed at exit; they tell how the job ended whatever mpirun says.
-        status_dir = tempfile.mkdtemp(prefix="rabit-run-")
-        env = {**os.environ, **(extra_env or {}), STATUS_DIR_VARIABLE: status_dir}
-        try:
-            code, interrupted = _supervise(subprocess.Popen(cmd, start_new_session=True,
-                                                            env=env), ranks, status_dir)
-            started = _marks(status_dir, "started")
-        finally:
-            shutil.rmtree(status_dir, ignore_errors=True)
-        if code != _LAUNCH_FAILED or interrupted or started or launch == _LAUNCH_TRIES - 1:
-            return code, interrupted
-        print(f"rabit-run: mpirun could not start the job (exit status {code}, no rank "
-              f"started); starting it again", file=sys.stderr, flush=True)
+        outcome = Attempt(cmd, ranks, env, stall_timeout, private_dirs).run()
+        if (outcome.code != LAUNCH_FAILED or outcome.interrupted or outcome.started
+                or launch == _LAUNCH_TRIES - 1):
+            return outcome
+        print(f"rabit-run: mpirun could not start the job (exit status {outcome.code}, no "
+              f"rank started); starting it again", file=sys.stderr, flush=True)
         time.sleep(0.5)
     raise AssertionError("unreachable")
-
-
-def _supervise(proc: "subprocess.Popen[bytes]", ranks: int,
-               status_dir: str) -> Tuple[int, bool]:
-    received: List[int] = []
-
-    def forward(signum: int, frame: object) -> None:
-        received.append(signum)
-        if len(received) == 1:
-            try:   # mpirun forwards the signal to the ranks and ends the job
-                os.killpg(proc.pid, signum)
-            except ProcessLookupError:
-                pass
-        else:
-            _kill_job(proc)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    deadline: Optional[float] = None
-    seen_ranks = False
-    alone_since: Optional[float] = None
-    lingered = False
-    next_look = 0.0
-    finalized_since: Optional[float] = None
-    try:
-        while True:
-            try:
-                code = proc.wait(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                if received and deadline is None:
-                    deadline = time.monotonic() + _GRACE_SECONDS
-                elif deadline is not None and time.monotonic() > deadline:
-                    _kill_job(proc)    # mpirun did not end within the grace period
-                # Open MPI's launcher sometimes stays after every rank has ended
-                # (seen after recoveries and aborts): stop it, do not hang.
-                now = time.monotonic()
-                if now < next_look:
-                    continue
-                next_look = now + 1.0
-                # Every rank finalized but the job does not end: Open MPI can hang
-                # in MPI_Finalize or in mpirun after a recovery. Stop it.
-                if _clean_exits(status_dir) >= ranks:
-                    finalized_since = finalized_since or now
-                    if now - finalized_since > _EXIT_GRACE_SECONDS and not lingered:
-                        lingered = True
-                        print(f"rabit-run: every rank finalized but the job did not exit "
-                              f"within {_EXIT_GRACE_SECONDS:g} s (an Open MPI teardown hang, "
-                              f"seen after recoveries); stopping it", file=sys.stderr,
-                              flush=True)
-                        _kill_job(proc)
-                else:
-                    finalized_since = None
-                if _descendants(proc.pid):
-                    seen_ranks, alone_since = True, None
-                elif seen_ranks:
-                    alone_since = alone_since or time.monotonic()
-                    if time.monotonic() - alone_since > _LINGER_SECONDS and not lingered:
-                        lingered = True
-                        print("rabit-run: every rank has ended but mpirun has not; stopping it",
-                              file=sys.stderr, flush=True)
-                        _kill_job(proc)
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-    if received:
-        return 128 + received[0], True
-    if lingered:
-        return (0 if _clean_exits(status_dir) >= ranks else 1), False
-    code = code if code >= 0 else 128 - code
-    unfinished = _unfinished(status_dir)
-    if code > 128 and not unfinished and _clean_exits(status_dir) >= ranks:
-        # Seen with --with-ft ulfm: a process that replaced a dead rank
-        # finalizes cleanly, then aborts inside Open MPI's own teardown
-        # (ompi_dpm_dyn_finalize: "free(): invalid next size"). The job's work
-        # is complete: do not report (or restart) it as failed.
-        print(f"rabit-run: every rank finalized cleanly, then a process died of signal "
-              f"{code - 128} after it, in MPI's own teardown (an Open MPI bug seen after "
-              f"recoveries); the job's work is complete: exit status 0",
-              file=sys.stderr, flush=True)
-        code = 0
-    if code == 0 and unfinished:
-        # Seen with --with-ft ulfm: every rank SIGKILLed, yet mpirun exits 0.
-        print(f"rabit-run: mpirun reported success but rank(s) "
-              f"{', '.join(map(str, unfinished))} ended without finalize (killed?); "
-              f"the job failed", file=sys.stderr, flush=True)
-        code = 1
-    return code, False
-
-
-def _unfinished(status_dir: str) -> List[int]:
-    """Ranks whose engine started but that left no clean-exit mark."""
-    missing = _marks(status_dir, "started") - _marks(status_dir, "ok")
-    return sorted(int(n.split("-", 1)[1]) for n in missing)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -399,48 +255,67 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"rabit-run: {exc}", file=sys.stderr)
         return 127
     options, _ = split_args(argv)
-    args = _parser().parse_known_args(options)[0]
+    parser = _parser()
+    args = parser.parse_known_args(options)[0]
     if args.max_restarts < 0:
-        _parser().error(f"--max-restarts {args.max_restarts}: must be >= 0")
+        parser.error(f"--max-restarts {args.max_restarts}: must be >= 0")
+    if args.stall_timeout is not None and args.stall_timeout <= 0:
+        parser.error(f"--stall-timeout {args.stall_timeout:g}: must be > 0 seconds")
     if args.dry_run:
         print(shlex.join(cmd))
         return 0
-    extra_env = {}
+    env = dict(os.environ)
     if args.checkpoint_dir:
-        extra_env["RABIT_CHECKPOINT_DIR"] = os.path.abspath(args.checkpoint_dir)
-    return _run_with_restarts(cmd, args.np, args.max_restarts, args.restart_delay, extra_env)
+        env["RABIT_CHECKPOINT_DIR"] = os.path.abspath(args.checkpoint_dir)
+    _, passthrough = parser.parse_known_args(split_args(argv)[0])
+    private_dirs = args.launcher == "mpirun" and _one_node(passthrough)
+    return _run_with_restarts(cmd, args.np, args.max_restarts, args.restart_delay, env,
+                              args.stall_timeout, private_dirs)
 
 
-_LAUNCH_FAILED = 213        # PRRTE: the job could not be started
 _LAUNCH_TRIES = 3
 
 
 def _run_with_restarts(cmd: List[str], ranks: int, max_restarts: int, delay: float,
-                       extra_env: dict) -> int:
-    """Run the job; start it again after a failure, up to ``max_restarts`` times."""
+                       env: Dict[str, str], stall_timeout: Optional[float] = None,
+                       private_dirs: bool = True) -> int:
+    """Run the job; start it again after a failure that a restart may cure,
+    up to ``max_restarts`` times; print a summary of what happened."""
     start = time.monotonic()
     failed_time = 0.0
     attempt = 0
+    recoveries = replaced = 0
+    reasons: List[str] = []
     while True:
         began = time.monotonic()
-        code, interrupted = _run(cmd, ranks, {**extra_env, "RABIT_RESTART_COUNT": str(attempt)})
-        if code == 0 or interrupted:
+        outcome = _run(cmd, ranks, {**env, "RABIT_RESTART_COUNT": str(attempt)}, stall_timeout,
+                       private_dirs)
+        recoveries += outcome.recoveries
+        replaced += outcome.replaced
+        code = outcome.code
+        if code == 0 or outcome.interrupted:
             break
         failed_time += time.monotonic() - began
+        reasons.append(outcome.why)
+        if not outcome.restartable:
+            print(f"rabit-run: the job failed: {outcome.why}; not restarting it (a restart "
+                  f"would repeat it)", file=sys.stderr, flush=True)
+            break
         if attempt >= max_restarts:
             if max_restarts:
-                print(f"rabit-run: the job failed (exit status {code}) and "
-                      f"{max_restarts} restart(s) are used up; giving up", file=sys.stderr,
-                      flush=True)
+                print(f"rabit-run: the job failed ({outcome.why}) and {max_restarts} "
+                      f"restart(s) are used up; giving up", file=sys.stderr, flush=True)
             break
         attempt += 1
         wait = min(delay * 2 ** (attempt - 1), 30.0)
-        print(f"rabit-run: the job failed (exit status {code}); restart {attempt} of "
+        print(f"rabit-run: the job failed ({outcome.why}); restart {attempt} of "
               f"{max_restarts} in {wait:g} s", file=sys.stderr, flush=True)
         time.sleep(wait)
-    if attempt:
-        print(f"rabit-run: {attempt + 1} attempts, {time.monotonic() - start:.1f} s in all, "
-              f"{failed_time:.1f} s in failed attempts; exit status {code}",
+    if attempt or recoveries:
+        why = "".join(f"\n  restart {i + 1}: {r}" for i, r in enumerate(reasons[:attempt]))
+        print(f"rabit-run: {attempt + 1} attempt(s), {time.monotonic() - start:.1f} s in all, "
+              f"{failed_time:.1f} s in failed attempts; {recoveries} in-job recoveries "
+              f"({replaced} processes replaced); exit status {code}{why}",
               file=sys.stderr, flush=True)
     return code
 

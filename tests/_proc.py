@@ -38,7 +38,7 @@ def run(cmd: List[str], timeout: float, env: Optional[dict] = None) -> Tuple[int
 def _kill_tree(pid: int) -> None:
     """SIGKILL ``pid``'s process group and every descendant (MPI ranks run in
     process groups of their own)."""
-    from rabit_py.launcher import _descendants
+    from rabit_py._supervisor import descendants as _descendants
     for child in _descendants(pid):
         try:
             os.kill(child, signal.SIGKILL)

@@ -51,7 +51,7 @@ def test_a_fault_with_recovery_off_restarts_the_job_from_disk(reference, tmp_pat
                          "RABIT_MAX_RECOVERIES": "0", "RABIT_TIMEOUT": "45"})
     assert code == 0, out[-6000:]
     assert "rabit-run: the job failed" in out and "restart 1 of 2" in out, out[-6000:]
-    assert "rabit-run: 2 attempts" in out
+    assert "rabit-run: 2 attempt(s)" in out
     assert len(parse(out, "START")) == 2 * RANKS
     assert "resumed from durable checkpoint version" in out, out[-6000:]
     assert_same_models(out, reference)
@@ -99,7 +99,7 @@ def test_used_up_restarts_end_with_a_clear_message(tmp_path):
                     timeout=240, env={"RABIT_ENGINE": "robust"})
     assert code != 0
     assert "1 restart(s) are used up; giving up" in out, out[-6000:]
-    assert "rabit-run: 2 attempts" in out
+    assert "rabit-run: 2 attempt(s)" in out
     assert parse(out, "RESULT") == []
 
 

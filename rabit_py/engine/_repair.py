@@ -48,6 +48,10 @@ class JoinState:
     # With spares (Note [spares]): the ranks taken by spawned processes, the
     # rest of ``dead`` being taken by spares; None without spares.
     spawned: Optional[List[int]] = None
+    # Note [crash loop] in robust.py: ranks whose replacements have not caught
+    # up yet, and how many times in a row each died before catching up.
+    catching_up: List[int] = dataclasses.field(default_factory=list)
+    quick_deaths: Dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -135,12 +139,18 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
                 return new, replaced
             if pool is not None:
                 lost = give_up
+                lost_error: Optional[RecoveryError] = None
                 if lost is None and check_dead is not None:
                     try:
                         check_dead(shrunk, dead)
                     except RecoveryError as exc:
-                        lost = str(exc)   # the spares must hear it too
-                new, replaced_now, _ = pool.repair(my_rank, size, make_state, lost, times)
+                        lost, lost_error = str(exc), exc   # the spares must hear it too
+                try:
+                    new, replaced_now, _ = pool.repair(my_rank, size, make_state, lost, times)
+                except RecoveryError:
+                    if lost_error is not None:
+                        raise lost_error from None    # with its restartable flag
+                    raise
                 _free(shrunk)
                 return new, replaced + replaced_now
             if check_dead is not None:
@@ -183,13 +193,34 @@ def is_replacement() -> bool:
     return MPI.Comm.Get_parent() != MPI.COMM_NULL
 
 
-def join_as_replacement() -> Tuple["MPI.Intracomm", int, JoinState, Any]:
+def join_as_replacement(timeout: float = 0.0) -> Tuple["MPI.Intracomm", int, JoinState, Any]:
     """Replacement side of Note [repair].
+
+    Args:
+        timeout: seconds joining may take (0: no limit). Joining blocks in
+            MPI (merge, split), where nothing can interrupt it: seen stuck for
+            good in ``PMIx_Get`` when a survivor died during the join. Past the
+            timeout the process ends itself (SIGKILL), as after an error.
 
     Returns:
         The job's communicator, this process's rank in it, the join state, and
         the job's spare pool (None when the job has no spares).
     """
+    from ._watchdog import deadline
+
+    with deadline(timeout, lambda _: _end_replacement(f"joining did not complete within "
+                                                      f"{timeout:g} s"), "join"):
+        return _join()
+
+
+def _end_replacement(why: str) -> None:
+    sys.stderr.write(f"rabit_py: a replacement could not join the job ({why}); ending it so "
+                     f"that the survivors replace it again\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _join() -> Tuple["MPI.Intracomm", int, JoinState, Any]:
     try:
         parent = MPI.Comm.Get_parent()
         parent.Set_errhandler(MPI.ERRORS_RETURN)
@@ -208,10 +239,7 @@ def join_as_replacement() -> Tuple["MPI.Intracomm", int, JoinState, Any]:
         _free(merged)
         return comm, my_rank, state, None
     except MPI.Exception as exc:
-        sys.stderr.write(f"rabit_py: a replacement could not join the job ({exc}); "
-                         f"ending it so that the survivors replace it again\n")
-        sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+        _end_replacement(str(exc))
         raise  # unreachable
 
 

@@ -45,19 +45,32 @@ class Watchdog:
     """Fires ``on_timeout(token)`` when one call lasts longer than ``timeout``.
 
     Args:
-        timeout: seconds (> 0).
+        timeout: seconds; 0 = calls never time out (the thread then only
+            beats, if it has a ``heartbeat``).
         on_timeout: called once, from the watchdog thread, with the token of the
             call that overstayed. The watchdog stops after firing.
+        heartbeat: called from the watchdog thread about every ``period``
+            seconds (the status report to rabit-run, Note [status folder]),
+            so that reporting costs the calls nothing.
+        period: seconds between heartbeats.
     """
 
-    def __init__(self, timeout: float, on_timeout: Callable[[Any], None]) -> None:
+    def __init__(self, timeout: float, on_timeout: Callable[[Any], None],
+                 heartbeat: Optional[Callable[[], None]] = None, period: float = 1.0) -> None:
         self.timeout = float(timeout)
         self._on_timeout = on_timeout
+        self._heartbeat = heartbeat
+        self._period = period
         self._current: Optional[Tuple[Any, float]] = None
         self._stop = threading.Event()
         self.fired: Optional[Any] = None
         self._thread = threading.Thread(target=self._run, name="rabit-watchdog", daemon=True)
         self._thread.start()
+
+    @property
+    def in_call(self) -> bool:
+        """Whether a call is in progress."""
+        return self._current is not None
 
     def enter(self, token: Any) -> None:
         """A call starts now."""
@@ -74,19 +87,29 @@ class Watchdog:
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
+        next_beat = time.monotonic()
         while True:
+            now = time.monotonic()
+            if self._heartbeat is not None and now >= next_beat:
+                try:
+                    self._heartbeat()
+                except Exception:  # noqa: BLE001 - a report must not stop the watchdog
+                    log.debug("heartbeat failed", exc_info=True)
+                next_beat = now + self._period
+            wait = next_beat - now if self._heartbeat is not None else 3600.0
             current = self._current
-            if current is None:
-                wait = self.timeout
-            else:
-                wait = current[1] + self.timeout - time.monotonic()
-                if wait <= 0:
+            if current is not None and self.timeout > 0:
+                left = current[1] + self.timeout - now
+                if left <= 0:
                     if self._current is current:
                         self.fired = current[0]
                         self._on_timeout(current[0])
                         return
                     continue
-            if self._stop.wait(wait):
+                wait = min(wait, left)
+            elif self.timeout > 0:
+                wait = min(wait, self.timeout)
+            if self._stop.wait(max(wait, 0.0)):
                 return
 
 

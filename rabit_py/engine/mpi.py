@@ -16,7 +16,7 @@ import os
 import pickle
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from ._signature import (N_FIELDS, OBJECT, Call, Kind, agrees, call_signature, c
 from ._validate import check_allgather, check_allreduce, check_array_broadcast, check_root
 from ._watchdog import (FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, Position, Watchdog, announce,
                         deadline, exchange_positions, find_notice, timeout_message)
+from .._status import BUG, RESTART, Reporter
 from .base import DEVICE_TRANSPORT, CheckpointResult, Engine, PrepareFn
 
 __all__ = ["MpiEngine", "ulfm_enabled"]
@@ -91,7 +92,8 @@ class MpiEngine(Engine):
         rank = base.Get_rank()
         # Dup is collective: a rank that never calls init() would hang it.
         with deadline(config.timeout if base.Get_size() > 1 else 0,
-                      lambda _: _abort_init(base, rank, config.timeout), "init"):
+                      lambda _: _abort_init(base, Reporter.for_rank(config.run_status_dir, rank),
+                                            rank, config.timeout), "init"):
             self._adopt(base)
         self._ulfm = ulfm_enabled()
         self._check = config.check and self._size > 1
@@ -113,19 +115,22 @@ class MpiEngine(Engine):
         self._broadcast_device = False      # whether the last broadcast was a device array
         self._attachments: Dict[str, Any] = {}
         self._membership = 0
-        self._watchdog = (Watchdog(config.timeout, self._on_timeout)
-                          if config.timeout > 0 and self._size > 1 else None)
+        self._repairing = False             # for the heartbeat: in a repair
+        self._reporter = Reporter.for_rank(config.run_status_dir, self._rank)
+        reports = self._reporter.folder is not None
+        self._watchdog = (Watchdog(config.timeout, self._on_timeout,
+                                   heartbeat=self._beat if reports else None)
+                          if (config.timeout > 0 or reports) and self._size > 1 else None)
         self._saved_excepthook = None
         if self._size > 1:
             self._install_excepthook()
-            # A rank that leaves without finalize() (sys.exit, a return) must not
-            # leave its peers waiting: finalize on its behalf, which tells them.
-            atexit.register(self._at_exit)
-        # At exit (after the program's own code, before MPI_Finalize), tell
-        # rabit-run how this engine ended; handlers run newest first.
+        # At exit (after the program's own code, before MPI_Finalize): a rank
+        # that leaves without finalize() (sys.exit, a return, the end of the
+        # script) is finalized on its behalf, which tells its peers; then
+        # rabit-run is told how this engine ended.
         self._clean_exit = False
-        _report_start(self._rank)
-        atexit.register(lambda: _report_exit(self._rank, self._clean_exit))
+        self._reporter.started()
+        atexit.register(self._at_exit)
         if self._watchdog is not None and not self._ulfm:
             log.debug("rank %d: no MPI fault tolerance: a timeout aborts the job "
                       "(launch with rabit-run to get CollectiveTimeoutError instead)", self._rank)
@@ -627,9 +632,9 @@ class MpiEngine(Engine):
                     self._final_prune()
         finally:
             self._finalized = True
-            atexit.unregister(self._at_exit)
             if self._watchdog is not None:
                 self._watchdog.stop()
+            self._reporter.beat(self._version, self._seqno, Kind.FINALIZE, "done")
             if self._saved_excepthook is not None:
                 sys.excepthook = self._saved_excepthook
             if self._broken is None:
@@ -650,14 +655,28 @@ class MpiEngine(Engine):
             self._store.prune()
 
     def _at_exit(self) -> None:
-        if self._finalized or self._broken is not None:
-            return
-        sys.stderr.write(f"rabit_py: rank {self._rank}: the program is exiting without "
-                         f"finalize(); finalizing now\n")
-        try:
-            self.finalize()
-        except Exception as exc:  # noqa: BLE001 - nothing can be raised at exit
-            sys.stderr.write(f"rabit_py: rank {self._rank}: finalize at exit failed: {exc}\n")
+        if not self._finalized and self._broken is None:
+            # Not an error: leaving at the end of the script is the usual way.
+            log.info("rank %d: the program is exiting without finalize(); finalizing now",
+                     self._rank)
+            try:
+                self.finalize()
+            except Exception as exc:  # noqa: BLE001 - nothing can be raised at exit
+                sys.stderr.write(f"rabit_py: rank {self._rank}: finalize at exit failed: "
+                                 f"{exc}\n")
+        self._reporter.exited(self._clean_exit, self._broken or "")
+
+    def _beat(self) -> None:
+        """Watchdog thread: tell rabit-run where this rank is (Note [status folder])."""
+        kind, version, seqno = self._token
+        state = ("done" if self._finalized else "repair" if self._repairing
+                 else "call" if self._watchdog is not None and self._watchdog.in_call
+                 else "user")
+        self._reporter.beat(version, seqno, kind, state, *self._recovery_counts())
+
+    def _recovery_counts(self) -> Tuple[int, int]:
+        """(in-job recoveries, processes replaced) so far: none without recovery."""
+        return 0, 0
 
     def _finalize_sync(self) -> None:
         self._sync(Kind.FINALIZE, None)
@@ -765,7 +784,8 @@ class MpiEngine(Engine):
             f"blocked collective cannot be interrupted. Launch with rabit-run (or mpirun "
             f"--with-ft ulfm) to get a CollectiveTimeoutError exception instead.\n")
         sys.stderr.flush()
-        abort_job(self._comm, self._rank)
+        self._reporter.fatal(RESTART, self._timeout_message(token, positions))
+        abort_job(self._comm, self._reporter)
 
     def _announce(self, tag: int) -> None:
         if self._ulfm and self._size > 1:
@@ -785,58 +805,42 @@ class MpiEngine(Engine):
 
         def hook(exc_type: Any, exc: Any, tb: Any) -> None:
             previous(exc_type, exc, tb)
+            # A lost peer or a timeout may not happen again after a restart;
+            # any other uncaught exception is a bug that a restart repeats.
+            restartable = (issubclass(exc_type, CollectiveTimeoutError)
+                           or getattr(exc, "restartable", False))
+            self._reporter.fatal(RESTART if restartable else BUG,
+                                 f"rank {self._rank}: uncaught {exc_type.__name__}: {exc}")
             sys.stderr.write(f"rabit_py: rank {self._rank}: uncaught {exc_type.__name__}; "
                              f"aborting the job so the other ranks do not wait for it\n")
             sys.stderr.flush()
             self._announce(FATAL_NOTICE_TAG)
-            abort_job(self._comm, self._rank)
+            abort_job(self._comm, self._reporter)
 
         self._saved_excepthook = previous
         sys.excepthook = hook
 
 
-def _report_start(rank: int) -> None:
-    """Leave rabit-run a ``rank-R.started`` mark: a rank that started but
-    leaves no ``rank-R.ok`` did not end cleanly, whatever mpirun says."""
-    status_dir = os.environ.get("RABIT_RUN_STATUS_DIR")
-    if status_dir and os.path.isdir(status_dir):
-        try:
-            open(os.path.join(status_dir, f"rank-{rank}.started"), "w").close()
-        except OSError:
-            pass
-
-
-def _report_exit(rank: int, clean: bool) -> None:
-    """Leave rabit-run a mark of how this rank's engine ended, as the process
-    exits: ``rank-R.ok`` after a clean finalize, ``rank-R.failed`` otherwise."""
-    status_dir = os.environ.get("RABIT_RUN_STATUS_DIR")
-    if status_dir and os.path.isdir(status_dir):
-        try:
-            open(os.path.join(status_dir, f"rank-{rank}.{'ok' if clean else 'failed'}"),
-                 "w").close()
-        except OSError:
-            pass
-
-
-def _abort_init(comm: Any, rank: int, timeout: float) -> None:
-    sys.stderr.write(
-        f"rabit_py: rank {rank}: init() did not complete within {timeout:g} s: some rank of "
-        f"the communicator did not call rabit.init() (it failed or is stuck before it). "
-        f"Aborting the job.\n")
+def _abort_init(comm: Any, reporter: Reporter, rank: int, timeout: float) -> None:
+    message = (f"rank {rank}: init() did not complete within {timeout:g} s: some rank of "
+               f"the communicator did not call rabit.init() (it failed or is stuck before "
+               f"it). Aborting the job.")
+    sys.stderr.write(f"rabit_py: {message}\n")
     sys.stderr.flush()
-    abort_job(comm, rank)
+    reporter.fatal(RESTART, message)
+    abort_job(comm, reporter)
 
 
-def abort_job(comm: Any, rank: Optional[int], code: int = 1, fallback_s: float = 10.0) -> None:
+def abort_job(comm: Any, reporter: Optional[Reporter], code: int = 1,
+              fallback_s: float = 10.0) -> None:
     """``MPI_Abort`` on ``comm``, made sure to end this process.
 
     With ULFM, ``MPI_Abort`` can block for good when the job is recovering or
     already revoked (seen in CI); the process then ends itself after
-    ``fallback_s`` seconds, leaving rabit-run a ``rank-R.failed`` mark first
-    (``os._exit`` skips the atexit hook that writes it); ``rank`` None (a
-    spare, which has no rank) leaves none."""
-    if rank is not None:
-        _report_exit(rank, False)
+    ``fallback_s`` seconds, leaving rabit-run a ``failed`` mark first
+    (``os._exit`` skips the atexit hook that writes it)."""
+    if reporter is not None:
+        reporter.exited(False)
     timer = threading.Timer(fallback_s, os._exit, (code,))
     timer.daemon = True
     timer.start()

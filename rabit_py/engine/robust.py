@@ -55,6 +55,7 @@ from ._signature import Kind
 from ._spares import SparePool, exit_released
 from ._validate import check_allreduce
 from ._watchdog import FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, deadline
+from .._status import BUG, RESTART, Reporter
 from .base import CheckpointResult, PrepareFn
 from .mpi import (_ERR_PROC_FAILED, _ERR_REVOKED, _NO_LAZY, MpiEngine, _abort_init, abort_job,
                   ulfm_enabled)
@@ -93,7 +94,7 @@ class RobustEngine(MpiEngine):
         state: Optional[JoinState] = None
         pool: Optional[SparePool] = None
         if self.joined_as == "spawned":
-            comm, _, state, pool = join_as_replacement()
+            comm, _, state, pool = join_as_replacement(config.recovery_timeout)
         elif not ulfm_enabled():
             raise RabitError(
                 "engine='robust' needs MPI fault tolerance, which this job was started "
@@ -106,9 +107,11 @@ class RobustEngine(MpiEngine):
             # Collective over every process: a rank that never calls init()
             # must not hang the others (as in MpiEngine's own start).
             world_rank = MPI.COMM_WORLD.Get_rank()
+            reporter = _spare_reporter(config) if world_rank >= MPI.COMM_WORLD.Get_size() - \
+                config.spares else Reporter.for_rank(config.run_status_dir, world_rank)
             with deadline(config.timeout,
-                          lambda _: _abort_init(MPI.COMM_WORLD, world_rank, config.timeout),
-                          "init"):
+                          lambda _: _abort_init(MPI.COMM_WORLD, reporter, world_rank,
+                                                config.timeout), "init"):
                 pool, comm = SparePool.start(config.spares)
             if comm is None:
                 comm, state = _serve_as_spare(pool, config)
@@ -130,6 +133,11 @@ class RobustEngine(MpiEngine):
         self._trials: Dict[int, int] = dict(state.trials) if state else {}
         self._trial = self._trials.get(self._rank, 0)
         self._recoveries = state.recoveries if state else 0
+        # Note [crash loop]: ranks replaced since the ranks last ran a call
+        # together (their replacements have not caught up yet), and how many
+        # times in a row each died before catching up.
+        self._catching_up: List[int] = list(state.catching_up) if state else []
+        self._quick_deaths: Dict[int, int] = dict(state.quick_deaths) if state else {}
         self.repair_times = RepairTimes()
         # For the benchmark: wall-clock times of each recovery on this rank
         # (failure detected, communicator repaired, replay done).
@@ -414,6 +422,7 @@ class RobustEngine(MpiEngine):
                     self._cache.put_entry(key, entry)
                     return serve(entry) if serve is not None else None
                 self._recovering = False        # _EXECUTE: everyone is at this call
+                self._catching_up, self._quick_deaths = [], {}   # everyone caught up
                 if self.recovery_log and "resumed" not in self.recovery_log[-1]:
                     self.recovery_log[-1]["resumed"] = time.time()
             try:
@@ -431,10 +440,12 @@ class RobustEngine(MpiEngine):
         comm.Allreduce(MPI.IN_PLACE, summary, op=MPI.MAX)
         max_version, min_code, max_code = int(summary[0]), -int(summary[2]), int(summary[3])
         if max_version == _NO_VERSION:
-            raise RecoveryError("every rank of the job was lost: nothing to recover from")
+            raise self._give_up(RecoveryError("every rank of the job was lost: nothing to "
+                                              "recover from"))
         if max_version != -int(summary[1]):
-            raise RecoveryError(f"rank {self._rank}: the survivors hold different versions "
-                                f"({-int(summary[1])} to {max_version}) after a failure")
+            raise self._give_up(RecoveryError(
+                f"rank {self._rank}: the survivors hold different versions "
+                f"({-int(summary[1])} to {max_version}) after a failure"))
         if min_code == _LOAD:
             self._serve_checkpoint(key is None, max_version)
             return (_SERVED if key is None else _WAIT), None
@@ -445,10 +456,10 @@ class RobustEngine(MpiEngine):
                                root=holder)
             return (_SERVED, entry) if code == min_code else (_WAIT, None)
         if max_code != min_code:
-            raise RecoveryError(
+            raise self._give_up(RecoveryError(
                 f"rank {self._rank}: the result of call #{wanted[1]} of "
                 f"{'the start-up calls' if wanted[0] == BOOT else f'version {wanted[0]}'} "
-                f"is needed but no living rank holds it")
+                f"is needed but no living rank holds it{self._cache.missing_hint()}"))
         if not self._has_version and max_version == 0:
             # A replacement that caught up with the survivors before anyone took
             # a checkpoint: there is nothing to load, it runs on like them.
@@ -493,15 +504,42 @@ class RobustEngine(MpiEngine):
                 self._local_blob is not None)
 
     def _local_model_lost(self, owner: int, version: int) -> RecoveryError:
-        self._broken = (f"rank {self._rank}: the local model of rank {owner} at version "
-                        f"{version} is lost with all its replicas (RABIT_REPLICAS="
-                        f"{self._config.replicas}); the job must restart from a durable "
-                        f"checkpoint")
-        return RecoveryError(self._broken)
+        return self._give_up(RecoveryError(
+            f"rank {self._rank}: the local model of rank {owner} at version {version} is lost "
+            f"with all its replicas (RABIT_REPLICAS={self._config.replicas}); the job must "
+            f"restart from a durable checkpoint"))
+
+    def _give_up(self, error: RecoveryError) -> RecoveryError:
+        """The job cannot be recovered in place: this engine is unusable, and
+        rabit-run is told whether a restart may help. Returns ``error``."""
+        self._broken = self._broken or str(error)
+        self._reporter.fatal(RESTART if error.restartable else BUG, str(error))
+        return error
+
+    def _crash_loop(self, dead: List[int]) -> Optional[RecoveryError]:
+        """Note [crash loop]: the error that ends the job if a dead rank's
+        replacements keep dying before they catch up, else None."""
+        limit = self._config.crash_loop
+        for rank in dead:
+            deaths = self._quick_deaths.get(rank, 0) + 1 if rank in self._catching_up else 0
+            if limit and deaths >= limit:
+                return RecoveryError(
+                    f"rank {rank} died {deaths} times in a row right after being replaced, "
+                    f"each time before it caught up with the other ranks "
+                    f"(RABIT_CRASH_LOOP={limit}). A fault does not repeat like that: the "
+                    f"program itself ends or crashes there (os._exit, sys.exit or a signal in "
+                    f"its start-up or in the calls since the last checkpoint), and every "
+                    f"replacement repeats it. Ending the job; fix the program (a restart "
+                    f"would repeat it too).", restartable=False)
+        return None
 
     def _check_dead(self, shrunk: "MPI.Intracomm", dead: List[int]) -> None:
         """Before spawning replacements: fail at once if a dead rank's local
-        model died with every rank that kept a replica of it."""
+        model died with every rank that kept a replica of it, or if the dead
+        ranks are in a crash loop (the same on every survivor)."""
+        looping = self._crash_loop(dead)
+        if looping is not None:
+            raise self._give_up(looping)
         holdings = shrunk.allgather(self._holding(False))
         if not any(h[3] for h in holdings):
             return
@@ -563,14 +601,29 @@ class RobustEngine(MpiEngine):
                            f"({exc.Get_error_string()})", error_class)
 
     def _abort_repair(self, _: Any) -> None:
-        sys.stderr.write(f"rabit_py: rank {self._rank}: repairing the job after a failure did "
-                         f"not complete within {self._config.timeout:g} s; aborting the job "
-                         f"(a restart from a durable checkpoint is the way out)\n")
+        """Deadline thread: the repair is stuck in MPI (Shrink, Spawn, Merge,
+        a communicator's creation), where no revoke reaches: end the process
+        so that the job ends (rabit-run ends the rest and restarts it)."""
+        message = (f"rank {self._rank}: repairing the job after a failure did not complete "
+                   f"within RABIT_RECOVERY_TIMEOUT={self._config.recovery_timeout:g} s (stuck "
+                   f"in MPI); ending the job for a restart from the durable checkpoint")
+        self._reporter.fatal(RESTART, message)
+        sys.stderr.write(f"rabit_py: {message}\n")
         sys.stderr.flush()
-        abort_job(MPI.COMM_WORLD, self._rank)
+        abort_job(MPI.COMM_WORLD, self._reporter, fallback_s=2.0)
 
     def _peer_failed(self, failure: PeerFailure) -> BaseException:
         return failure
+
+    def _recovery_counts(self) -> Tuple[int, int]:
+        return self._recoveries, sum(self._trials.values())
+
+    def _after_deaths(self, dead: List[int]) -> Tuple[List[int], Dict[int, int]]:
+        """Note [crash loop] counters once ``dead`` are replaced."""
+        quick = dict(self._quick_deaths)
+        for rank in dead:
+            quick[rank] = quick.get(rank, 0) + 1 if rank in self._catching_up else 0
+        return sorted(set(self._catching_up) | set(dead)), quick
 
     def _recover(self) -> None:
         """Repair the communicator and enter recovery mode (Note [repair])."""
@@ -580,8 +633,7 @@ class RobustEngine(MpiEngine):
             give_up = (f"rank {self._rank}: {self._recoveries - 1} recoveries already in this "
                        f"job (RABIT_MAX_RECOVERIES={self._config.max_recoveries}); giving up")
             if self._pool is None:
-                self._broken = give_up
-                raise RecoveryError(give_up)
+                raise self._give_up(RecoveryError(give_up))
             # With spares, they are waiting to rebuild: they must hear it too.
         start = time.perf_counter()
         self.recovery_log.append({"detected": time.time()})
@@ -590,22 +642,27 @@ class RobustEngine(MpiEngine):
             trials = dict(self._trials)
             for rank in dead:
                 trials[rank] = trials.get(rank, 0) + 1
-            return JoinState(dead=dead, trials=trials, recoveries=self._recoveries)
+            catching_up, quick = self._after_deaths(dead)
+            return JoinState(dead=dead, trials=trials, recoveries=self._recoveries,
+                             catching_up=catching_up, quick_deaths=quick)
 
         if self._watchdog is not None:
             self._watchdog.leave()
         # A repair blocks in Shrink/Spawn/Merge, which no revoke can interrupt:
-        # if it hangs past the timeout, end the job with a message instead.
+        # if it hangs past the recovery timeout, end the job instead.
+        self._repairing = True
         try:
-            with deadline(self._config.timeout, self._abort_repair, "repair"):
+            with deadline(self._config.recovery_timeout, self._abort_repair, "repair"):
                 new, replaced = repair(self._comm, self._rank, self._size, make_state,
                                        self.repair_times, check_dead=self._check_dead,
                                        pool=self._pool, give_up=give_up)
         except RecoveryError as exc:
-            self._broken = self._broken or str(exc)
-            raise
+            raise self._give_up(exc)
+        finally:
+            self._repairing = False
         for rank in replaced:
             self._trials[rank] = self._trials.get(rank, 0) + 1
+        self._catching_up, self._quick_deaths = self._after_deaths(replaced)
         old = (self._comm, self._ctrl)
         self._adopt(new)
         self._membership += 1
@@ -634,7 +691,8 @@ def _serve_as_spare(pool: SparePool, config: Config) -> Tuple[Any, JoinState]:
             exit_released(me)
         # Like a survivor's repair, a rebuild that hangs must not hang the job.
         try:
-            with deadline(config.timeout, lambda _: _abort_spare(me, config.timeout), "rebuild"):
+            with deadline(config.recovery_timeout,
+                          lambda _: _abort_spare(me, config), "rebuild"):
                 joined = pool.rebuild_as_spare()
         except RecoveryError as exc:
             sys.stderr.write(f"rabit_py: spare (pool rank {me}): the job cannot be recovered "
@@ -653,8 +711,16 @@ def _serve_as_spare(pool: SparePool, config: Config) -> Tuple[Any, JoinState]:
             return comm, state
 
 
-def _abort_spare(me: int, timeout: float) -> None:
-    sys.stderr.write(f"rabit_py: spare (pool rank {me}): rebuilding the job after a failure "
-                     f"did not complete within {timeout:g} s; aborting the job\n")
+def _spare_reporter(config: Config) -> Reporter:
+    return Reporter(config.run_status_dir, f"spare-{MPI.COMM_WORLD.Get_rank()}")
+
+
+def _abort_spare(me: int, config: Config) -> None:
+    message = (f"spare (pool rank {me}): rebuilding the job after a failure did not complete "
+               f"within RABIT_RECOVERY_TIMEOUT={config.recovery_timeout:g} s (stuck in MPI); "
+               f"ending the job for a restart from the durable checkpoint")
+    reporter = _spare_reporter(config)
+    reporter.fatal(RESTART, message)
+    sys.stderr.write(f"rabit_py: {message}\n")
     sys.stderr.flush()
-    abort_job(MPI.COMM_WORLD, None)
+    abort_job(MPI.COMM_WORLD, reporter, fallback_s=2.0)

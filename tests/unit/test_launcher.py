@@ -206,11 +206,14 @@ def test_an_abort_that_blocks_still_ends_the_rank(tmp_path):
     # and leaves rabit-run the rank's failure mark.
     program = (
         "import time\n"
+        "import os\n"
+        "from rabit_py._status import Reporter\n"
         "from rabit_py.engine.mpi import abort_job\n"
         "class StuckComm:\n"
         "    def Abort(self, code):\n"
         "        time.sleep(60)\n"
-        "abort_job(StuckComm(), rank=3, code=7, fallback_s=0.5)\n"
+        "reporter = Reporter.for_rank(os.environ['RABIT_RUN_STATUS_DIR'], 3)\n"
+        "abort_job(StuckComm(), reporter, code=7, fallback_s=0.5)\n"
         "print('returned from abort_job')\n")
     proc = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
                           text=True, timeout=30,
@@ -275,4 +278,4 @@ def test_restart_count_is_given_to_each_attempt(tmp_path, capsys):
     assert log.read_text().split("\n")[:3] == [f"{i} {tmp_path / 'ck'}" for i in range(3)]
     err = capsys.readouterr().err
     assert "restart 2 of 2" in err and "2 restart(s) are used up; giving up" in err
-    assert "rabit-run: 3 attempts" in err
+    assert "rabit-run: 3 attempt(s)" in err

@@ -1,0 +1,151 @@
+"""The status folder: how the processes of a job tell ``rabit-run`` how they do.
+
+# Note [status folder]
+``rabit-run`` makes one folder per attempt and gives it to the job in
+``RABIT_RUN_STATUS_DIR`` (``Config.run_status_dir``). Each process writes
+small whole files there, named after it: ``rank-R`` for a rank (each new
+process of rank R, a replacement, writes under the same name), ``spare-W``
+for a spare (W: its rank in ``MPI_COMM_WORLD``):
+
+- ``NAME.started``: the engine started (empty);
+- ``NAME.beat``: a heartbeat, rewritten about once a second by the engine's
+  watchdog thread (never on the call path): ``BEAT VERSION SEQNO KIND STATE
+  PID HOST RECOVERIES REPLACED`` (the last two: the job's in-job recoveries
+  and replaced processes so far, as this rank knows them), STATE being ``call`` (inside a collective), ``repair`` (repairing
+  the job after a failure), ``user`` (in the program's own code) or ``done``;
+- ``NAME.fatal``: the job cannot go on; first line ``restart`` (a restart from
+  the durable checkpoint may help) or ``bug`` (it would not: the program must
+  change), then the reason;
+- ``NAME.ok`` / ``NAME.failed``: how the engine ended, as the process exits
+  (``failed`` holds the reason when one is known).
+
+Every write goes to a temporary name and is renamed, so a reader sees whole
+files only; the files are tiny and written rarely, so the folder may live on a
+filesystem that every host shares (nothing depends on the launching host's
+``/tmp``). Writes never raise: a status report must not break the job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from typing import Dict, Optional, Tuple
+
+__all__ = ["Reporter", "Report", "read_reports", "RESTART", "BUG", "STATES"]
+
+RESTART = "restart"
+BUG = "bug"
+STATES = ("call", "repair", "user", "done")
+
+
+class Reporter:
+    """Writes one process's files in the status folder (a no-op without one).
+
+    Args:
+        folder: the status folder, or None (nothing is written).
+        name: ``rank-R`` or ``spare-W``.
+    """
+
+    def __init__(self, folder: Optional[str], name: str) -> None:
+        self.folder = folder if folder and os.path.isdir(folder) else None
+        self.name = name
+        self._beats = 0
+        self._host = socket.gethostname()
+
+    @classmethod
+    def for_rank(cls, folder: Optional[str], rank: int) -> "Reporter":
+        """The reporter of job rank ``rank``."""
+        return cls(folder, f"rank-{rank}")
+
+    def _write(self, kind: str, text: str = "") -> None:
+        if self.folder is None:
+            return
+        path = os.path.join(self.folder, f"{self.name}.{kind}")
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except OSError:
+            pass
+
+    def started(self) -> None:
+        """The engine started."""
+        self._write("started")
+
+    def beat(self, version: int, seqno: int, kind: int, state: str, recoveries: int = 0,
+             replaced: int = 0) -> None:
+        """A heartbeat: where this process is now, and the in-job recoveries
+        and replaced processes of the job so far (see the note)."""
+        self._beats += 1
+        self._write("beat", f"{self._beats} {version} {seqno} {kind} {state} {os.getpid()} "
+                            f"{self._host} {recoveries} {replaced}\n")
+
+    def fatal(self, category: str, reason: str) -> None:
+        """The job cannot go on (``RESTART`` or ``BUG``); the first report wins."""
+        if self.folder is not None and not os.path.exists(
+                os.path.join(self.folder, f"{self.name}.fatal")):
+            self._write("fatal", f"{category}\n{reason}\n")
+
+    def exited(self, clean: bool, reason: str = "") -> None:
+        """How the engine ended, as the process exits."""
+        self._write("ok" if clean else "failed", reason)
+
+
+@dataclasses.dataclass
+class Report:
+    """What one name (``rank-R`` / ``spare-W``) reported."""
+
+    started: bool = False
+    beat: Optional[Tuple[int, int, int, int, str, int, str, int, int]] = None
+    fatal: Optional[Tuple[str, str]] = None      # (category, reason)
+    ok: bool = False
+    failed: Optional[str] = None                 # the reason ("" if none known)
+
+    @property
+    def position(self) -> Optional[Tuple[int, int, int]]:
+        """(version, seqno, kind) of the last heartbeat."""
+        return None if self.beat is None else self.beat[1:4]   # type: ignore[return-value]
+
+    @property
+    def state(self) -> Optional[str]:
+        return None if self.beat is None else self.beat[4]
+
+
+def read_reports(folder: str) -> Dict[str, Report]:
+    """Everything the processes reported in ``folder``, by name. Never raises."""
+    reports: Dict[str, Report] = {}
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return reports
+    for file in names:
+        name, _, kind = file.rpartition(".")
+        if not name or file.endswith(".tmp"):
+            continue
+        report = reports.setdefault(name, Report())
+        if kind == "started":
+            report.started = True
+        elif kind == "ok":
+            report.ok = True
+        elif kind in ("failed", "fatal", "beat"):
+            try:
+                with open(os.path.join(folder, file)) as f:
+                    text = f.read()
+            except OSError:
+                continue
+            if kind == "failed":
+                report.failed = text.strip()
+            elif kind == "fatal":
+                category, _, reason = text.partition("\n")
+                report.fatal = (category.strip(), reason.strip())
+            else:
+                fields = text.split()
+                try:
+                    report.beat = (int(fields[0]), int(fields[1]), int(fields[2]),
+                                   int(fields[3]), fields[4], int(fields[5]), fields[6],
+                                   int(fields[7]), int(fields[8]))
+                except (IndexError, ValueError):
+                    pass
+    return reports

@@ -1,0 +1,381 @@
+"""Supervising one attempt of a job started by ``rabit-run``.
+
+# Note [supervision]
+``rabit-run`` starts ``mpirun`` in a session of its own, gives the job a
+status folder (Note [status folder] in ``_status.py``), and watches it. It
+ends the whole job -- every process it started, found through ``/proc`` since
+ranks run in process groups of their own -- when:
+
+(a) a process reports that the job cannot go on (a ``fatal`` mark: a recovery
+    that is impossible or stuck, a timeout, an uncaught exception), and the
+    job has not ended by itself within ``FATAL_GRACE_S`` (an ``MPI_Abort``
+    under ULFM does not always end the job: seen running for minutes, printing
+    ``LAUNCHER JOB OBJECT NOT FOUND``);
+(b) no rank made progress for the stall timeout while every living rank was
+    inside rabit_py (a collective or a repair), none in the program's own
+    code: a wedge (seen: survivors looping in ``NBC_Progress: an error 75``,
+    a replacement blocked for good in ``PMIx_Get``). The default timeout is
+    ``STALL_FACTOR`` times the longest gap between two progress reports seen
+    so far, within [``STALL_FLOOR_S``, ``STALL_CEILING_S``];
+(c) the ranks have all ended but mpirun has not (after recoveries Open MPI
+    sometimes stays: processes stuck joining, or a teardown hang).
+
+A job is given private folders for what Open MPI leaves on the node (its
+session directory, the shared-memory backing files), and they are removed
+when the attempt ends, however it ends (clean exit, abort, stall, Ctrl-C).
+
+Progress is a change in any rank's reported position (version, call number,
+call kind); a rank is alive while its process exists (same host) or its
+heartbeat keeps changing (another host).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Set, Tuple
+
+from ._status import BUG, Report, read_reports
+
+__all__ = ["Attempt", "Outcome", "descendants", "kill_tree", "STATUS_DIR_VARIABLE"]
+
+STATUS_DIR_VARIABLE = "RABIT_RUN_STATUS_DIR"
+SIGNAL_GRACE_S = 10.0     # after Ctrl-C: time for mpirun to end the job itself
+FATAL_GRACE_S = 3.0       # after a fatal report: time for the job to end itself
+EXIT_GRACE_S = 10.0       # every rank finalized: time for the processes to exit
+LINGER_S = 5.0            # no rank alive: time for mpirun to exit
+BEAT_STALE_S = 10.0       # a heartbeat unchanged this long: that rank is gone
+STALL_FACTOR = 10.0
+STALL_FLOOR_S = 60.0
+STALL_CEILING_S = 900.0
+LAUNCH_FAILED = 213       # PRRTE: the job could not be started
+
+
+@dataclasses.dataclass
+class Outcome:
+    """How one attempt ended."""
+
+    code: int                        # the exit status to report
+    interrupted: bool = False        # the user stopped it (Ctrl-C, SIGTERM)
+    why: str = ""                    # why it failed, for the summary ("" = it did not)
+    restartable: bool = True         # whether a restart may help
+    started: bool = False            # whether any rank started
+    recoveries: int = 0              # in-job recoveries the ranks reported
+    replaced: int = 0                # processes that replaced a dead rank in the job
+
+
+def descendants(pid: int) -> List[int]:
+    """Every live (not zombie) descendant of ``pid`` (Linux /proc; empty elsewhere)."""
+    children: Dict[int, List[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+            if fields[0] == "Z":
+                # An ended rank that mpirun has not reaped (seen when it hangs
+                # after an abort): not alive.
+                continue
+            children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(pid: int) -> List[int]:
+    """SIGKILL every descendant of ``pid`` (ranks run in process groups of
+    their own), then ``pid``'s process group. Returns the PIDs killed."""
+    killed = descendants(pid)
+    for child in killed:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    return killed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:   # a zombie is not alive
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+class Attempt:
+    """One run of the job's mpirun under supervision (Note [supervision]).
+
+    Args:
+        cmd: the mpirun command line.
+        ranks: the job's number of ranks (spares not counted).
+        env: the environment for mpirun.
+        stall_timeout: seconds without progress that make a wedge; None: the
+            default derived from the progress seen (see the note).
+        private_dirs: give Open MPI private session and shared-memory folders
+            (one node only: the folders exist on this host).
+        status_parent: where to make the status folder (default: the
+            system's temporary folder).
+    """
+
+    def __init__(self, cmd: List[str], ranks: int, env: Dict[str, str],
+                 stall_timeout: Optional[float] = None, private_dirs: bool = True,
+                 status_parent: Optional[str] = None) -> None:
+        self.cmd, self.ranks = cmd, ranks
+        self.stall_timeout = stall_timeout
+        self.status_dir = tempfile.mkdtemp(prefix="rabit-run-", dir=status_parent)
+        self.env = {**env, STATUS_DIR_VARIABLE: self.status_dir}
+        self._made: List[str] = [self.status_dir]
+        if private_dirs:
+            session = tempfile.mkdtemp(prefix="rabit-run-ompi-")
+            self.env["PRTE_MCA_prte_tmpdir_base"] = session
+            self._made.append(session)
+            if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+                shm = tempfile.mkdtemp(prefix="rabit-run-", dir="/dev/shm")
+                self._made.append(shm)
+                for name in ("btl_sm_backing_directory", "osc_sm_backing_directory"):
+                    self.env.setdefault(f"OMPI_MCA_{name}", shm)
+        self._host = socket.gethostname()
+        self._pids_seen: Set[int] = set()
+        self._said: Set[str] = set()
+
+    # ------------------------------------------------------------ running
+    def run(self) -> Outcome:
+        """Run the attempt to its end; every process it started has ended and
+        its folders are removed when this returns."""
+        proc = subprocess.Popen(self.cmd, start_new_session=True, env=self.env)
+        try:
+            return self._supervise(proc)
+        finally:
+            self._pids_seen.update(kill_tree(proc.pid))
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            self._clean_up()
+
+    def _supervise(self, proc: "subprocess.Popen[bytes]") -> Outcome:
+        received: List[int] = []
+
+        def forward(signum: int, frame: object) -> None:
+            received.append(signum)
+            if len(received) == 1:
+                try:   # mpirun forwards the signal to the ranks and ends the job
+                    os.killpg(proc.pid, signum)
+                except ProcessLookupError:
+                    pass
+            else:
+                self._pids_seen.update(kill_tree(proc.pid))
+
+        old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        watch = _Watch(self)
+        stopped: Optional[str] = None        # why we ended the job, if we did
+        signal_deadline: Optional[float] = None
+        try:
+            while True:
+                try:
+                    code = proc.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now = time.monotonic()
+                if received:
+                    signal_deadline = signal_deadline or now + SIGNAL_GRACE_S
+                    if now > signal_deadline:
+                        self._pids_seen.update(kill_tree(proc.pid))
+                    continue
+                if stopped is None:
+                    stopped = watch.look(now, proc.pid)
+                    if stopped is not None:
+                        self._say(f"rabit-run: {stopped}; stopping the job")
+                        self._pids_seen.update(kill_tree(proc.pid))
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+        reports = read_reports(self.status_dir)
+        outcome = self._judge(code, reports, watch, stopped)
+        outcome.interrupted = bool(received)
+        if received:
+            outcome.code = 128 + received[0]
+        return outcome
+
+    def _judge(self, code: int, reports: Dict[str, Report], watch: "_Watch",
+               stopped: Optional[str]) -> Outcome:
+        code = code if code >= 0 else 128 - code
+        ranks = {n: r for n, r in reports.items() if n.startswith("rank-")}
+        clean = sum(1 for r in ranks.values() if r.ok and r.failed is None)
+        fatal = {n: r.fatal for n, r in reports.items() if r.fatal}
+        outcome = Outcome(code, started=any(r.started for r in ranks.values()),
+                          recoveries=watch.recoveries, replaced=watch.replaced)
+        all_clean = clean >= self.ranks and not fatal
+        if all_clean:
+            if code != 0:
+                if code > 128:
+                    # Seen with --with-ft ulfm: a process that replaced a dead
+                    # rank finalizes cleanly, then aborts inside Open MPI's own
+                    # teardown (ompi_dpm_dyn_finalize: "free(): invalid next
+                    # size"). The job's work is complete.
+                    self._say(f"rabit-run: every rank finalized cleanly, then a process died "
+                              f"of signal {code - 128} in MPI's own teardown (an Open MPI bug "
+                              f"seen after recoveries); the job's work is complete: exit "
+                              f"status 0")
+                outcome.code = 0
+            return outcome
+        if fatal:
+            outcome.restartable = all(category != BUG for category, _ in fatal.values())
+            first = sorted(fatal.items())[0][1][1]
+            outcome.why = ("a bug: " if not outcome.restartable else "unrecoverable: ") + first
+        elif stopped is not None:
+            outcome.why = stopped
+        if stopped is not None:
+            outcome.code = 1            # we ended it: mpirun's own status says nothing
+        unfinished = sorted(int(n.split("-", 1)[1]) for n, r in ranks.items()
+                            if r.started and not r.ok)
+        if outcome.code == 0 and (unfinished or stopped or fatal):
+            if unfinished and not fatal and stopped is None:
+                # Seen with --with-ft ulfm: every rank SIGKILLed, yet mpirun exits 0.
+                self._say(f"rabit-run: mpirun reported success but rank(s) "
+                          f"{', '.join(map(str, unfinished))} ended without finalize "
+                          f"(killed?); the job failed")
+            outcome.code = 1
+        if not outcome.why and outcome.code != 0:
+            outcome.why = f"exit status {outcome.code}"
+        return outcome
+
+    def _say(self, text: str) -> None:
+        if text not in self._said:
+            self._said.add(text)
+            print(text, file=sys.stderr, flush=True)
+
+    def _clean_up(self) -> None:
+        """Remove the attempt's folders, and segments of rabit_py's own
+        shared-memory path left by processes killed while making one."""
+        for pid in self._pids_seen:
+            for path in glob.glob(f"/dev/shm/rabit_py-{pid}-*"):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        for folder in self._made:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+class _Watch:
+    """What the supervisor learns from the status folder, look after look."""
+
+    def __init__(self, attempt: Attempt) -> None:
+        self.attempt = attempt
+        self.next_look = 0.0
+        self.fatal_since: Optional[float] = None
+        self.positions: Dict[str, Tuple[int, int, int]] = {}
+        self.beats: Dict[str, Tuple[int, float]] = {}     # name -> (beat, when it changed)
+        self.progress_at: Optional[float] = None
+        self.longest_gap = 0.0
+        self.finalized_since: Optional[float] = None
+        self.alone_since: Optional[float] = None
+        self.seen_processes = False
+        self.recoveries = 0
+        self.replaced = 0
+
+    def stall_timeout(self) -> float:
+        if self.attempt.stall_timeout is not None:
+            return self.attempt.stall_timeout
+        return min(STALL_CEILING_S, max(STALL_FLOOR_S, STALL_FACTOR * self.longest_gap))
+
+    def look(self, now: float, mpirun: int) -> Optional[str]:
+        """One look at the job; returns why to stop it, or None."""
+        if now < self.next_look:
+            return None
+        self.next_look = now + 0.5
+        reports = read_reports(self.attempt.status_dir)
+        ranks = {n: r for n, r in reports.items() if n.startswith("rank-")}
+        for report in ranks.values():
+            if report.beat is not None:
+                self.attempt._pids_seen.add(report.beat[5])
+                self.recoveries = max(self.recoveries, report.beat[7])
+                self.replaced = max(self.replaced, report.beat[8])
+        # (a) a process reported that the job cannot go on.
+        fatal = sorted((n, r.fatal) for n, r in reports.items() if r.fatal)
+        if fatal:
+            for name, (category, reason) in fatal:
+                self.attempt._say(f"rabit-run: {name}: {reason}")
+            self.fatal_since = self.fatal_since or now
+            if now - self.fatal_since > FATAL_GRACE_S:
+                return (f"the job reported that it cannot go on and did not end within "
+                        f"{FATAL_GRACE_S:g} s")
+            return None
+        processes = descendants(mpirun)
+        # (c) every rank finalized, but the processes do not exit.
+        clean = sum(1 for r in ranks.values() if r.ok and r.failed is None)
+        if clean >= self.attempt.ranks:
+            self.finalized_since = self.finalized_since or now
+            if now - self.finalized_since > EXIT_GRACE_S:
+                return (f"every rank finalized but the job did not exit within "
+                        f"{EXIT_GRACE_S:g} s (an Open MPI teardown hang)")
+        else:
+            self.finalized_since = None
+        alive = {n: r for n, r in ranks.items() if self._alive(n, r, now)}
+        if processes:
+            self.seen_processes = True
+        exiting = any(r.ok for r in ranks.values())     # rule (c) above covers those
+        if self.seen_processes and (not processes or (ranks and not alive and not exiting)):
+            self.alone_since = self.alone_since or now
+            if now - self.alone_since > LINGER_S:
+                return ("every rank has ended but mpirun has not" if not processes else
+                        "no rank of the job is alive, but processes of it remain (stuck "
+                        "joining or exiting)")
+        else:
+            self.alone_since = None
+        # (b) a stall: no progress while every living rank waits inside rabit_py.
+        positions = {n: r.position for n, r in ranks.items() if r.position is not None}
+        if positions != self.positions:
+            if self.progress_at is not None and self.positions:
+                self.longest_gap = max(self.longest_gap, now - self.progress_at)
+            self.positions, self.progress_at = positions, now
+            return None
+        if self.progress_at is None or not alive:
+            return None
+        if any(r.state in ("user", "done") for r in alive.values()):
+            self.progress_at = now          # the program computes: not our wedge
+            return None
+        stalled = now - self.progress_at
+        if stalled > self.stall_timeout():
+            return (f"no rank made progress for {stalled:.0f} s while all waited inside "
+                    f"rabit_py (a wedge; --stall-timeout {self.stall_timeout():g} s)")
+        return None
+
+    def _alive(self, name: str, report: Report, now: float) -> bool:
+        """Whether the rank's process may still be running (True while unknown:
+        a rank without heartbeats, e.g. a job of one rank)."""
+        if report.ok or report.failed is not None:
+            return False
+        beat = report.beat
+        if beat is None:
+            return True
+        if beat[6] == self.attempt._host:
+            return _alive(beat[5])
+        last = self.beats.get(name)
+        if last is None or last[0] != beat[0]:
+            self.beats[name] = (beat[0], now)
+            return True
+        return now - last[1] < BEAT_STALE_S
