@@ -52,7 +52,8 @@ STATUS_DIR_VARIABLE = "RABIT_RUN_STATUS_DIR"
 SIGNAL_GRACE_S = 10.0     # after Ctrl-C: time for mpirun to end the job itself
 FATAL_GRACE_S = 3.0       # after a fatal report: time for the job to end itself
 EXIT_GRACE_S = 10.0       # every rank finalized: time for the processes to exit
-LINGER_S = 5.0            # no rank alive: time for mpirun to exit
+LINGER_S = 5.0            # no process left but mpirun: time for it to exit
+DEAD_RANKS_S = 1.0        # every rank dead, other processes left: time before ending them
 BEAT_STALE_S = 10.0       # a heartbeat unchanged this long: that rank is gone
 STALL_FACTOR = 10.0
 STALL_FLOOR_S = 60.0
@@ -340,7 +341,9 @@ class _Watch:
         exiting = any(r.ok for r in ranks.values())     # rule (c) above covers those
         if self.seen_processes and (not processes or (ranks and not alive and not exiting)):
             self.alone_since = self.alone_since or now
-            if now - self.alone_since > LINGER_S:
+            # Ranks known dead (their processes are gone) leave nothing to wait for.
+            linger = LINGER_S if not processes else DEAD_RANKS_S
+            if now - self.alone_since > linger:
                 return ("every rank has ended but mpirun has not" if not processes else
                         "no rank of the job is alive, but processes of it remain (stuck "
                         "joining or exiting)")

@@ -53,7 +53,9 @@ class Config:
             each rank copies k/n of them, and a failure is recovered unless all
             k holders of a needed result die together (``RABIT_RESULT_COPIES``).
         max_recoveries: recoveries allowed in one job before the robust engine
-            gives up with ``RecoveryError`` (``RABIT_MAX_RECOVERIES``, default 10).
+            gives up with ``RecoveryError`` (``RABIT_MAX_RECOVERIES``, default
+            100; a rank that keeps dying right after being replaced is caught
+            sooner by ``crash_loop``).
         shm: reduce large arrays through shared memory between the ranks of a
             node, hierarchically across nodes (``RABIT_SHM``, default on).
         shm_min_bytes: the smallest array that takes the shared-memory path
@@ -105,7 +107,7 @@ class Config:
     log_level: str = "WARNING"
     replicas: int = 1
     result_copies: int = 0
-    max_recoveries: int = 10
+    max_recoveries: int = 100
     shm: bool = True
     shm_min_bytes: int = 32 << 20
     node_size: int = 0

@@ -37,7 +37,9 @@ import atexit
 import logging
 import os
 import sys
+import threading
 import time
+import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -608,7 +610,7 @@ class RobustEngine(MpiEngine):
                    f"within RABIT_RECOVERY_TIMEOUT={self._config.recovery_timeout:g} s (stuck "
                    f"in MPI); ending the job for a restart from the durable checkpoint")
         self._reporter.fatal(RESTART, message)
-        sys.stderr.write(f"rabit_py: {message}\n")
+        sys.stderr.write(f"rabit_py: {message}; stuck in:\n{_main_thread_stack()}")
         sys.stderr.flush()
         abort_job(MPI.COMM_WORLD, self._reporter, fallback_s=2.0)
 
@@ -709,6 +711,12 @@ def _serve_as_spare(pool: SparePool, config: Config) -> Tuple[Any, JoinState]:
             comm, rank, state = joined
             log.info("spare (pool rank %d): took the place of rank %d", me, rank)
             return comm, state
+
+
+def _main_thread_stack() -> str:
+    """Where the main thread is (for a message about a stuck repair)."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    return "".join(traceback.format_stack(frame, limit=8)) if frame is not None else ""
 
 
 def _spare_reporter(config: Config) -> Reporter:
