@@ -7,7 +7,8 @@ small whole files there, named after it: ``rank-R`` for a rank (each new
 process of rank R, a replacement, writes under the same name), ``spare-W``
 for a spare (W: its rank in ``MPI_COMM_WORLD``):
 
-- ``NAME.started``: the engine started (empty);
+- ``NAME.started``: the engine started: ``PID HOST`` (each new process of a
+  rank rewrites it);
 - ``NAME.beat``: a heartbeat, rewritten about once a second by the engine's
   watchdog thread (never on the call path): ``BEAT VERSION SEQNO KIND STATE
   PID HOST RECOVERIES REPLACED`` (the last two: the job's in-job recoveries
@@ -72,7 +73,7 @@ class Reporter:
 
     def started(self) -> None:
         """The engine started."""
-        self._write("started")
+        self._write("started", f"{os.getpid()} {self._host}\n")
 
     def beat(self, version: int, seqno: int, kind: int, state: str, recoveries: int = 0,
              replaced: int = 0) -> None:
@@ -98,6 +99,7 @@ class Report:
     """What one name (``rank-R`` / ``spare-W``) reported."""
 
     started: bool = False
+    started_by: Optional[Tuple[int, str]] = None     # (pid, host) of the last process
     beat: Optional[Tuple[int, int, int, int, str, int, str, int, int]] = None
     fatal: Optional[Tuple[str, str]] = None      # (category, reason)
     ok: bool = False
@@ -127,6 +129,12 @@ def read_reports(folder: str) -> Dict[str, Report]:
         report = reports.setdefault(name, Report())
         if kind == "started":
             report.started = True
+            try:
+                with open(os.path.join(folder, file)) as f:
+                    pid, host = f.read().split()
+                report.started_by = (int(pid), host)
+            except (OSError, ValueError):
+                pass
         elif kind == "ok":
             report.ok = True
         elif kind in ("failed", "fatal", "beat"):

@@ -374,7 +374,13 @@ class _Watch:
             return False
         beat = report.beat
         if beat is None:
-            return True
+            # Started, no heartbeat yet (or a job of one rank, which has none).
+            by = report.started_by
+            return by is None or by[1] != self.attempt._host or _alive(by[0])
+        if beat[5] != (report.started_by or (beat[5],))[0]:
+            # A newer process of this rank started and has not beaten yet.
+            by = report.started_by
+            return by is None or by[1] != self.attempt._host or _alive(by[0])
         if beat[6] == self.attempt._host:
             return _alive(beat[5])
         last = self.beats.get(name)

@@ -662,7 +662,8 @@ class MpiEngine(Engine):
             try:
                 self.finalize()
             except Exception as exc:  # noqa: BLE001 - nothing can be raised at exit
-                sys.stderr.write(f"rabit_py: rank {self._rank}: finalize at exit failed: "
+                sys.stderr.write(f"rabit_py: rank {self._rank}: the program is exiting "
+                                 f"without finalize(); finalizing on its behalf failed: "
                                  f"{exc}\n")
         self._reporter.exited(self._clean_exit, self._broken or "")
 
@@ -728,7 +729,12 @@ class MpiEngine(Engine):
         if not agrees(vec):
             fields = mismatched_fields(vec)
             mine = call_signature(self._version, seq, kind, call, error)
-            everyone = self._comm.allgather(mine.describe())
+            # Note [mismatch exchange]: on the control communicator. A rank
+            # that raised first may revoke the data communicator (its uncaught
+            # exception ends the job) while slower ranks are still here; under
+            # ULFM their collective then returned "success" with half-filled
+            # buffers (seen: UnpicklingError, 2 runs in 21 on a loaded machine).
+            everyone = self._ctrl.allgather(mine.describe())
             message = describe_mismatch(self._rank, mine, fields, everyone)
             if any(d["kind"] == "finalize" for d in everyone):
                 # A rank that finalized is gone: nothing more can be agreed with it.

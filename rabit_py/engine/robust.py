@@ -51,7 +51,7 @@ from ..config import Config
 from ..errors import (CheckpointError, CollectiveMismatchError, PeerFailure, RabitError,
                       RecoveryError)
 from ..ops import OpLike, op_code
-from ._cache import BOOT, Entry, ResultCache
+from ._cache import BOOT, Entry, ResultCache, default_budget
 from ._repair import JoinState, RepairTimes, is_replacement, join_as_replacement, repair
 from ._signature import Kind
 from ._spares import SparePool, exit_released
@@ -125,7 +125,8 @@ class RobustEngine(MpiEngine):
         self._pool = pool
         if pool is not None:
             atexit.register(self._release_spares)
-        self._cache = ResultCache()
+        self._cache = ResultCache(config.cache_budget or default_budget())
+        self._warned_budget = False
         self._last_cached: Optional[Key] = None
         self._backup = np.empty(0, dtype=np.uint8)
         self._epoch = BOOT
@@ -176,12 +177,21 @@ class RobustEngine(MpiEngine):
         # An in-place MPI call that fails half-way leaves the buffer half
         # reduced: keep the input to run the call again, unless prepare_fun
         # can remake it.
-        backup = (self._backup_of(data) if error is None and prepare_fun is None
-                  and self._size > 1 else None)
+        # Past the cache budget no copy is kept (Note [cache budget]).
+        rerunnable = prepare_fun is not None or self._size == 1
+        backup = (self._backup_of(data) if error is None and not rerunnable
+                  and not self._cache.full else None)
+        runs = 0
 
         def run() -> None:
+            nonlocal runs
+            runs += 1
             if backup is not None:
                 np.copyto(data, backup)
+            elif runs > 1 and not rerunnable:
+                raise self._give_up(RecoveryError(
+                    f"rank {self._rank}: an allreduce past the cache budget failed half-way "
+                    f"and its input was not kept{self._cache.missing_hint()}"))
             super(RobustEngine, self).allreduce(data, op, prepare_fun)
 
         return self._numbered_allreduce(data, op, error, run, lambda: data,
@@ -284,6 +294,16 @@ class RobustEngine(MpiEngine):
     def _thin(self, key: Key) -> None:
         """Keep the result of ``key``; drop the previous call's unless this
         rank is one of its holders (``result_copies``; Note [result cache])."""
+        if self._cache.full and not self._warned_budget:
+            self._warned_budget = True
+            log.warning(
+                "rank %d: the results kept for replay since the last checkpoint passed the "
+                "cache budget (RABIT_CACHE_BUDGET=%d bytes) at call #%d of version %d. "
+                "Results past it are not kept, so a failure before the next checkpoint ends "
+                "the job for a restart from the durable checkpoint (rabit-run "
+                "--checkpoint-dir, --max-restarts) instead of an in-job recovery. Checkpoint "
+                "more often (rabit.checkpoint), or raise RABIT_CACHE_BUDGET.",
+                self._rank, self._cache.budget, key[1], self._version)
         previous, self._last_cached = self._last_cached, key
         copies = self._config.result_copies
         if (previous is None or previous == key or previous[0] == BOOT or copies == 0

@@ -1,3 +1,6 @@
+import os
+
+import numpy as np
 import pytest
 
 from rabit_py.engine import _mockplan as mock
@@ -39,3 +42,29 @@ def test_cache_keeps_bootstrap_and_reuses_arrays():
     assert cache.nbytes == 32
     cache.put_array((1, 0), 1, (), np.ones(4))   # reuses the freed array
     assert np.array_equal(cache.get((1, 0)).payload, np.ones(4))
+
+
+def test_the_cache_keeps_results_within_its_budget_only():
+    cache = ResultCache(budget=100)
+    cache.put_array((0, 0), 1, (), np.zeros(8))          # 64 bytes: kept
+    assert not cache.full and cache.missing_hint() == ""
+    cache.put_array((0, 1), 1, (), np.zeros(8))          # 128 > 100: refused
+    cache.put_bytes((0, 2), 2, (), b"x" * 40)            # 104 > 100: refused
+    cache.put_bytes((0, 3), 2, (), b"x" * 30)            # 94: kept
+    assert (0, 0) in cache and (0, 1) not in cache and (0, 2) not in cache and (0, 3) in cache
+    assert cache.nbytes == 94 and cache.full and cache.refused == 2
+    assert "2 result(s) since the last checkpoint were not kept" in cache.missing_hint()
+    assert "RABIT_CACHE_BUDGET=100" in cache.missing_hint()
+    cache.drop_epochs_before(1)                          # a checkpoint: a fresh budget
+    assert not cache.full and cache.nbytes == 0
+    cache.put_array((1, 0), 1, (), np.zeros(8))
+    assert (1, 0) in cache
+
+
+def test_the_default_budget_is_a_sixteenth_of_memory_shared_by_the_node(monkeypatch):
+    from rabit_py.engine._cache import default_budget
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4")
+    assert default_budget() == max(64 << 20, memory // 64)
+    monkeypatch.delenv("OMPI_COMM_WORLD_LOCAL_SIZE")
+    assert default_budget() == max(64 << 20, memory // 16)

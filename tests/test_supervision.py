@@ -1,0 +1,209 @@
+"""A failure never wedges the job: rabit-run's supervision, teardown with
+spares, exit semantics, crash loops, and a shortened storm of outside kills
+compared bitwise with a failure-free run (scripts/soak.py)."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from rabit_py import launcher
+from rabit_py.launcher import find_mpirun
+
+from ._proc import ROOT, rabit_run, run
+
+PROGRAM = [sys.executable, "tests/programs/bsp_train.py"]
+
+
+def parse(out, tag):
+    return [json.loads(line[len(tag) + 1:]) for line in out.splitlines()
+            if line.startswith(tag + " ")]
+
+
+def shm_and_session_files():
+    names = set()
+    for folder, prefixes in (("/dev/shm", ("sm_segment", "rabit")),
+                             ("/tmp", ("ompi.", "prte.", "rabit-run-"))):
+        if os.path.isdir(folder):
+            names |= {f"{folder}/{n}" for n in os.listdir(folder) if n.startswith(prefixes)}
+    return names
+
+
+ONE_ALLREDUCE = ("import numpy as np, rabit_py as r\n"
+                 "r.init()\n"
+                 "x = r.allreduce(np.full(3, float(r.get_rank())), r.Op.SUM)\n"
+                 "print('SUM', x.tolist(), flush=True)\n"
+                 "r.finalize()\n")
+
+
+# ---------------------------------------------------------------- teardown
+def test_an_unused_spare_leaves_at_finalize_without_a_stall():
+    # Was: the job stalled in MPI_Finalize in 7 of 8 runs (a spare cancelled
+    # its receives of the other workers' releases), until rabit-run cut it.
+    before = shm_and_session_files()
+    for _ in range(3):
+        code, out = run(rabit_run(3, sys.executable, "-c", ONE_ALLREDUCE, spares=1),
+                        timeout=60)
+        assert code == 0, out
+        assert out.count("SUM [3.0, 3.0, 3.0]") == 3, out
+        assert "stopping the job" not in out and "teardown" not in out, out
+    assert shm_and_session_files() - before == set()
+
+
+def test_plain_mpirun_with_a_spare_exits():
+    # The README's `mpirun --with-ft ulfm -n N+1 -x RABIT_SPARES=1`: hung forever.
+    cmd = [find_mpirun(), "-n", "3", "--oversubscribe", "--with-ft", "ulfm", "-x",
+           "RABIT_SPARES=1"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    code, out = run(cmd + [sys.executable, "-c", ONE_ALLREDUCE], timeout=60)
+    assert code == 0, out
+    assert out.count("SUM [1.0, 1.0]") == 2, out
+
+
+# ---------------------------------------------------------------- exit semantics
+def test_finishing_without_finalize_is_a_success():
+    program = ("import numpy as np, rabit_py as r\n"
+               "r.init()\n"
+               "print('SUM', r.allreduce(np.ones(2), r.Op.SUM).tolist(), flush=True)\n")
+    code, out = run(rabit_run(2, sys.executable, "-c", program), timeout=60)
+    assert code == 0, out
+    assert out.count("SUM [2.0, 2.0]") == 2
+    assert "failed" not in out and "killed" not in out, out
+
+
+def test_a_rank_that_exits_at_start_up_every_time_is_a_bug_not_a_fault(tmp_path):
+    # Rank 1 leaves with os._exit(0) (no trace: not even MPI's finalize) in
+    # every life: its replacements repeat it. The job must end, naming the
+    # rank, and not be restarted even though restarts are allowed.
+    program = ("import os, numpy as np, rabit_py as r\n"
+               "r.init()\n"
+               "version, model = r.load_checkpoint()\n"
+               "if r.get_rank() == 1:\n"
+               "    os._exit(0)\n"
+               "r.allreduce(np.ones(2), r.Op.SUM)\n"
+               "r.checkpoint(1)\n"
+               "r.finalize()\n")
+    cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", "3", "--max-restarts", "2",
+           "--restart-delay", "0", "--checkpoint-dir", str(tmp_path), "--", sys.executable,
+           "-c", program]
+    code, out = run(cmd, timeout=180, env={"RABIT_TIMEOUT": "60"})
+    assert code != 0, out
+    assert "rank 1 died 3 times in a row right after being replaced" in out, out[-4000:]
+    assert "not restarting it" in out, out[-4000:]
+    assert "restart 1 of 2" not in out
+
+
+# ---------------------------------------------------------------- supervision
+def test_a_job_that_reports_it_cannot_go_on_is_ended_and_restarted(tmp_path, capsys):
+    # A stand-in mpirun whose "rank" reports a fatal failure and then stays
+    # (as an MPI_Abort under ULFM that does not end the job): rabit-run ends
+    # it after the grace period and restarts it; the second attempt succeeds.
+    fake = tmp_path / "mpirun"
+    count = tmp_path / "count"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f"echo x >> {count}\n"
+        f"if [ $(wc -l < {count}) -ge 2 ]; then\n"
+        '  touch "$RABIT_RUN_STATUS_DIR/rank-0.started" "$RABIT_RUN_STATUS_DIR/rank-0.ok"\n'
+        "  exit 0\n"
+        "fi\n"
+        'touch "$RABIT_RUN_STATUS_DIR/rank-0.started"\n'
+        'printf "restart\\nrank 0: the local model of rank 1 is lost\\n" > '
+        '"$RABIT_RUN_STATUS_DIR/rank-0.fatal"\n'
+        "sleep 300 &\nwait\n")
+    fake.chmod(0o755)
+    code = launcher.main(["-n", "1", "--no-ft", "--mpirun", str(fake), "--max-restarts", "1",
+                          "--restart-delay", "0", "--", "prog"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "rank-0: rank 0: the local model of rank 1 is lost" in err
+    assert "did not end within" in err and "restart 1 of 1" in err
+    assert "restart 1: unrecoverable: rank 0: the local model of rank 1 is lost" in err
+
+
+def test_a_bug_report_is_not_restarted(tmp_path, capsys):
+    fake = tmp_path / "mpirun"
+    count = tmp_path / "count"
+    fake.write_text("#!/bin/sh\n"
+                    f"echo x >> {count}\n"
+                    'printf "bug\\nrank 0: uncaught ValueError: bad input\\n" > '
+                    '"$RABIT_RUN_STATUS_DIR/rank-0.fatal"\n'
+                    "exit 1\n")
+    fake.chmod(0o755)
+    code = launcher.main(["-n", "1", "--no-ft", "--mpirun", str(fake), "--max-restarts", "3",
+                          "--restart-delay", "0", "--", "prog"])
+    assert code == 1
+    assert count.read_text().count("x") == 1
+    assert "a bug: rank 0: uncaught ValueError: bad input" in capsys.readouterr().err
+
+
+def test_a_wedged_job_is_ended_and_restarted(tmp_path):
+    # Rank 1 stops (SIGSTOP) inside an allreduce, so every living rank waits
+    # inside rabit_py and nothing moves: a wedge the collective timeout (600 s
+    # here) would end only after ten minutes. rabit-run ends it after the
+    # stall timeout and restarts it; the restarted job finishes.
+    program = ("import os, signal, numpy as np, rabit_py as r\n"
+               "r.init()\n"
+               "version, model = r.load_checkpoint()\n"
+               "first = os.environ['RABIT_RESTART_COUNT'] == '0'\n"
+               "def stop(buf):\n"
+               "    buf[:] = 1.0\n"
+               "    if first and r.get_rank() == 1:\n"
+               "        os.kill(os.getpid(), signal.SIGSTOP)\n"
+               "x = r.allreduce(np.empty(2), r.Op.SUM, prepare_fun=stop)\n"
+               "print('SUM', x.tolist(), flush=True)\n"
+               "r.finalize()\n")
+    cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", "2", "--max-restarts", "1",
+           "--restart-delay", "0", "--stall-timeout", "4", "--", sys.executable, "-c", program]
+    code, out = run(cmd, timeout=120, env={"RABIT_TIMEOUT": "600"})
+    assert code == 0, out
+    assert "no rank made progress for" in out and "a wedge" in out, out
+    assert out.count("SUM [2.0, 2.0]") == 2, out
+
+
+def test_adjacent_ranks_lost_together_restart_from_disk(tmp_path):
+    # Ranks 1 and 2 die at the same call: rank 1's only local-model replica
+    # lived on rank 2, so in-job recovery is impossible; the ranks say so,
+    # rabit-run ends the job at once and restarts it from the durable
+    # checkpoint, and the models equal a failure-free run's.
+    code, out = run(rabit_run(4, *PROGRAM), timeout=120, env={"RABIT_ENGINE": "robust"})
+    assert code == 0, out
+    reference = {r["rank"]: r for r in parse(out, "RESULT")}
+    cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", "4", "--max-restarts", "1",
+           "--restart-delay", "0", "--checkpoint-dir", str(tmp_path), "--", *PROGRAM,
+           "--linger-on-error", "30"]
+    code, out = run(cmd, timeout=180, env={"RABIT_ENGINE": "mock",
+                                           "RABIT_MOCK": "1,2,1,0;2,2,1,0",
+                                           "RABIT_TIMEOUT": "60"})
+    assert code == 0, out[-6000:]
+    assert "local model of rank 1 at version 2 is lost" in out
+    # The ranks linger 30 s after the error: the job was ended by rabit-run.
+    assert "did not end within" in out, out[-6000:]
+    assert "restart 1 of 1" in out
+    results = {r["rank"]: r for r in parse(out, "RESULT")}
+    assert sorted(results) == [0, 1, 2, 3], out[-6000:]
+    for rank, r in results.items():
+        ref = reference[rank]
+        assert (r["model"], r["local"], r["version"]) == (ref["model"], ref["local"],
+                                                          ref["version"])
+
+
+# ---------------------------------------------------------------- the storm
+def test_a_short_storm_of_outside_kills_finishes_bitwise_identical(tmp_path):
+    # 10 outside SIGKILLs of random ranks' current processes at 0.3-1.0 s,
+    # two of them followed within 20-150 ms by a second kill (inside the first
+    # one's recovery), with a spare, restarts and a checkpoint folder.
+    report = tmp_path / "soak.json"
+    code, out = run([sys.executable, "scripts/soak.py", "--ranks", "4", "--spares", "1",
+                     "--iterations", "300", "--kills", "10", "--interval", "0.3", "1.0",
+                     "--pairs", "2", "--runs", "1", "--timeout", "240", "--json", str(report),
+                     "--log-dir", str(tmp_path / "logs")], timeout=600)
+    assert code == 0, out + "".join(
+        f"\n--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
+        for p in sorted((tmp_path / "logs").glob("storm-*.log")))
+    figures = json.loads(report.read_text())
+    storm = figures["runs"][0]
+    assert storm["kills"] >= 10 and not storm["problems"], storm
+    assert storm["left_processes"] == [] and storm["left_files"] == [], storm
