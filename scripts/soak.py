@@ -191,9 +191,13 @@ class Killer(threading.Thread):
         for i in range(self.kills):
             if self.stop.wait(self.rng.uniform(*self.interval)):
                 return
-            if self.job.poll() is not None:
-                return
-            rank = self._kill_one()
+            rank = None
+            while rank is None:         # between attempts no rank may be alive: wait
+                if self.job.poll() is not None:
+                    return
+                rank = self._kill_one()
+                if rank is None and self.stop.wait(0.1):
+                    return
             if rank is not None and i in self.paired:
                 if self.stop.wait(self.rng.uniform(0.02, 0.15)):
                     return

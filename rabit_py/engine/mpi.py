@@ -436,6 +436,8 @@ class MpiEngine(Engine):
             raise TypeError(f"rank {self._rank}: broadcast from root {root}: the root's object "
                             f"cannot be pickled: {bytes(payload).decode(errors='replace')}"
                             ) from pickle_error
+        if not is_root:
+            self._check_revoked()       # before unpickling what may be half a message
         return data if is_root else pickle.loads(payload)
 
     def _broadcast_array(self, data: Any, header: list, root: int) -> np.ndarray:
@@ -766,6 +768,17 @@ class MpiEngine(Engine):
         self._broken = (f"rank {self._rank}: MPI error in collective #{self._token[2]} "
                         f"(version {self._version}): {exc.Get_error_string()}")
         return RabitError(self._broken)
+
+    def _check_revoked(self) -> None:
+        """Note [revoked success]: under ULFM a collective that a peer's revoke
+        interrupts can return success on the ranks still inside it, with part
+        of the data (seen: an allgather of pickles in the recovery protocol
+        gave UnpicklingError: invalid load key '\\x00' while the other ranks
+        raised RecoveryError and revoked). A call's result is trusted only if
+        the communicator was not revoked when it returned; otherwise it
+        counts as interrupted, as if it had raised (0.1 us, local)."""
+        if self._ulfm and self._comm.Is_revoked():
+            raise self._failure(MPI.Exception(_ERR_REVOKED))
 
     def _peer_failed(self, failure: PeerFailure) -> BaseException:
         """What a dead peer means for this engine: no recovery, the job must end."""

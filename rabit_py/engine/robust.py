@@ -211,6 +211,7 @@ class RobustEngine(MpiEngine):
         def execute() -> Any:
             self._seqno = key[1]
             run()
+            self._check_revoked()
             self._cache.put_array(key, Kind.ALLREDUCE, signature, result(), device)
             self._thin(key)
             return data
@@ -228,6 +229,7 @@ class RobustEngine(MpiEngine):
         def execute() -> Any:
             self._seqno = key[1]
             result = super(RobustEngine, self).broadcast(data, root)
+            self._check_revoked()
             if self._broadcast_device:
                 # A device array (NCCL): its host copy is kept (a receiver that
                 # passed a NumPy array got one already).
@@ -284,6 +286,7 @@ class RobustEngine(MpiEngine):
         def execute() -> Any:
             self._seqno = key[1]
             result = gather()
+            self._check_revoked()
             self._cache.put_array(key, Kind.ALLGATHER, signature, to_host(result), device)
             self._thin(key)
             return result
@@ -343,7 +346,7 @@ class RobustEngine(MpiEngine):
         def execute() -> None:
             self._sync(Kind.CHECKPOINT, error)
             replicas = self._guarded(Kind.CHECKPOINT, lambda: self._replicate(local_blob))
-            self._guarded(Kind.CHECKPOINT, lambda: self._comm.Agree(1))
+            self._guarded(Kind.CHECKPOINT, lambda: self._comm.Agree(1), agreement=True)
             # Committed at every living rank (the agreement is uniform).
             self._global_blob, self._local_blob = global_blob, local_blob
             self._lazy_global = lazy
@@ -397,7 +400,7 @@ class RobustEngine(MpiEngine):
     def _finalize_sync(self) -> None:
         def execute() -> None:
             self._sync(Kind.FINALIZE, None)
-            self._guarded(Kind.FINALIZE, lambda: self._comm.Agree(1))
+            self._guarded(Kind.FINALIZE, lambda: self._comm.Agree(1), agreement=True)
 
         self._call(Kind.FINALIZE, (self._epoch, self._seqno), (Kind.FINALIZE,), execute,
                    None, None)
@@ -588,14 +591,20 @@ class RobustEngine(MpiEngine):
         return got
 
     # ------------------------------------------------------------ failures
-    def _guarded(self, kind: int, fn: Callable[[], Any]) -> Any:
+    def _guarded(self, kind: int, fn: Callable[[], Any], agreement: bool = False) -> Any:
         """Run MPI work of the current call under the watchdog, with MPI errors
-        turned into ``PeerFailure`` or a timeout."""
+        turned into ``PeerFailure`` or a timeout, and its outcome trusted only
+        if the communicator was not revoked meanwhile (Note [revoked
+        success]); ``agreement``: ``fn`` is an ``Agree``, whose outcome is
+        uniform even on a revoked communicator and must stand."""
         self._token = (kind, self._version, self._seqno)
         if self._watchdog is not None:
             self._watchdog.enter(self._token)
         try:
-            return fn()
+            result = fn()
+            if not agreement:
+                self._check_revoked()
+            return result
         except MPI.Exception as exc:
             raise self._failure(exc) from exc
         finally:
