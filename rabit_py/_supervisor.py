@@ -229,18 +229,17 @@ class Attempt:
         outcome = Outcome(code, started=any(r.started for r in ranks.values()),
                           recoveries=watch.recoveries, replaced=watch.replaced)
         all_clean = clean >= self.ranks and not fatal
-        if all_clean:
-            if code != 0:
-                if code > 128:
-                    # Seen with --with-ft ulfm: a process that replaced a dead
-                    # rank finalizes cleanly, then aborts inside Open MPI's own
-                    # teardown (ompi_dpm_dyn_finalize: "free(): invalid next
-                    # size"). The job's work is complete.
-                    self._say(f"rabit-run: every rank finalized cleanly, then a process died "
-                              f"of signal {code - 128} in MPI's own teardown (an Open MPI bug "
-                              f"seen after recoveries); the job's work is complete: exit "
-                              f"status 0")
-                outcome.code = 0
+        if all_clean and (code == 0 or code > 128 or stopped is not None):
+            if code > 128 and stopped is None:
+                # Seen with --with-ft ulfm: a process that replaced a dead
+                # rank finalizes cleanly, then aborts inside Open MPI's own
+                # teardown (ompi_dpm_dyn_finalize: "free(): invalid next
+                # size"). The job's work is complete.
+                self._say(f"rabit-run: every rank finalized cleanly, then a process died "
+                          f"of signal {code - 128} in MPI's own teardown (an Open MPI bug "
+                          f"seen after recoveries); the job's work is complete: exit "
+                          f"status 0")
+            outcome.code = 0
             return outcome
         if fatal:
             outcome.restartable = all(category != BUG for category, _ in fatal.values())

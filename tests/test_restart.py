@@ -94,13 +94,27 @@ def test_every_rank_killed_from_outside_resumes_from_disk(reference, tmp_path):
 
 
 def test_used_up_restarts_end_with_a_clear_message(tmp_path):
+    # A fault in every attempt (a restart counts as a life of the mock plan).
     code, out = run(launcher("--max-restarts", "1", "--restart-delay", "0.1",
-                             "--checkpoint-dir", str(tmp_path)) + ["--raise-at", "2"],
-                    timeout=240, env={"RABIT_ENGINE": "robust"})
+                             "--checkpoint-dir", str(tmp_path)),
+                    timeout=240, env={"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,2,1,0;1,3,1,1",
+                                      "RABIT_MAX_RECOVERIES": "0", "RABIT_TIMEOUT": "45"})
     assert code != 0
     assert "1 restart(s) are used up; giving up" in out, out[-6000:]
     assert "rabit-run: 2 attempt(s)" in out
     assert parse(out, "RESULT") == []
+
+
+def test_a_bug_is_not_restarted(tmp_path):
+    # An uncaught exception is a bug: a restart would raise it again.
+    code, out = run(launcher("--max-restarts", "3", "--restart-delay", "0.1",
+                             "--checkpoint-dir", str(tmp_path)) + ["--raise-at", "2"],
+                    timeout=240, env={"RABIT_ENGINE": "robust"})
+    assert code != 0
+    assert ("the job failed: a bug: rank 1: uncaught RuntimeError: a bug in round 2 on rank 1; "
+            "not restarting it" in out), out[-6000:]
+    assert "restart 1 of 3" not in out
+    assert len(parse(out, "START")) == RANKS
 
 
 def test_dry_run_shows_the_command_without_rabit_run_options():

@@ -826,10 +826,9 @@ class MpiEngine(Engine):
             previous(exc_type, exc, tb)
             # A lost peer or a timeout may not happen again after a restart;
             # any other uncaught exception is a bug that a restart repeats.
-            restartable = (issubclass(exc_type, CollectiveTimeoutError)
-                           or getattr(exc, "restartable", False))
-            self._reporter.fatal(RESTART if restartable else BUG,
-                                 f"rank {self._rank}: uncaught {exc_type.__name__}: {exc}")
+            if not _is_secondary(exc):
+                self._reporter.fatal(RESTART if _is_restartable(exc) else BUG,
+                                     f"rank {self._rank}: uncaught {exc_type.__name__}: {exc}")
             sys.stderr.write(f"rabit_py: rank {self._rank}: uncaught {exc_type.__name__}; "
                              f"aborting the job so the other ranks do not wait for it\n")
             sys.stderr.flush()
@@ -838,6 +837,29 @@ class MpiEngine(Engine):
 
         self._saved_excepthook = previous
         sys.excepthook = hook
+
+
+def _causes(exc: BaseException) -> List[BaseException]:
+    """``exc`` and what it was raised from (wrappers such as KVStoreError)."""
+    chain: List[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__      # type: ignore[assignment]
+    return chain
+
+
+def _is_restartable(exc: BaseException) -> bool:
+    """Whether a restart from the durable checkpoint may cure what ended a rank:
+    a lost peer or a timeout may not happen again; any other uncaught
+    exception is a bug that a restart repeats."""
+    return any(isinstance(e, CollectiveTimeoutError) or getattr(e, "restartable", False)
+               for e in _causes(exc))
+
+
+def _is_secondary(exc: BaseException) -> bool:
+    """Whether ``exc`` only says that another rank ended the job (that rank
+    reports the cause)."""
+    return any(getattr(e, "secondary", False) for e in _causes(exc))
 
 
 def _abort_init(comm: Any, reporter: Reporter, rank: int, timeout: float) -> None:

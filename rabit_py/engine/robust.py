@@ -620,7 +620,9 @@ class RobustEngine(MpiEngine):
             self._broken = (f"rank {self._rank}: another rank stopped the job with an uncaught "
                             f"exception (see its traceback); a replacement would repeat the "
                             f"bug, so the job is not recovered")
-            return RabitError(self._broken)
+            error = RabitError(self._broken)
+            error.secondary = True      # type: ignore[attr-defined] # that rank reports it
+            return error
         if notice == TIMEOUT_NOTICE_TAG:
             return super()._failure(exc)
         if error_class == _ERR_PROC_FAILED:
