@@ -97,15 +97,30 @@ def descendants(pid: int) -> List[int]:
 
 def kill_tree(pid: int) -> List[int]:
     """SIGKILL every descendant of ``pid`` (ranks run in process groups of
-    their own), then ``pid``'s process group. Returns the PIDs killed."""
-    killed = descendants(pid)
-    for child in killed:
-        try:
-            os.kill(child, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    their own), then ``pid``'s process group. ``pid`` is stopped first, so
+    that it cannot start a process (a replacement) between the listing and
+    the kills, which would outlive it. Returns the PIDs killed."""
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except (ProcessLookupError, PermissionError):
+        pass
+    killed: List[int] = []
+    for _ in range(3):          # a child may have been forking as we listed
+        found = [p for p in descendants(pid) if p not in killed]
+        if not found:
+            break
+        for child in found:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        killed += found
     try:
         os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        os.kill(pid, signal.SIGCONT)    # a stopped process dies of SIGKILL, but be sure
     except (ProcessLookupError, PermissionError):
         pass
     return killed

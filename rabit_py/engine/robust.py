@@ -368,11 +368,7 @@ class RobustEngine(MpiEngine):
                 if not (self._recovering or not self._has_version):
                     self._sync(Kind.LOAD_CHECKPOINT, None)
                     if self._store is not None and self._version == 0:
-                        self._load_durable()
-                        if self._version > 0:
-                            # The ring copies of the local models, as after a checkpoint.
-                            self._replicas = self._guarded(
-                                Kind.LOAD_CHECKPOINT, lambda: self._replicate(self._local_blob))
+                        self._resume_from_disk()
                     break
                 # A replacement (or any rank while recovering) asks the survivors.
                 if self._guarded(Kind.LOAD_CHECKPOINT, lambda: self._round(None))[0] == _SERVED:
@@ -381,6 +377,22 @@ class RobustEngine(MpiEngine):
                 self._recover()
         self._start_epoch()
         return self._checkpoint_result(with_local)
+
+    def _resume_from_disk(self) -> None:
+        """A fresh start with a checkpoint folder: the ranks agree on the newest
+        version on disk, load it and copy the local models to their ring
+        replicas. A rank lost in the middle leaves the ranks holding
+        different versions, which the rounds cannot reconcile; nothing has
+        been computed yet, so the job ends for a restart (from disk)."""
+        try:
+            self._guarded(Kind.LOAD_CHECKPOINT, self._load_durable)
+            if self._version > 0:
+                self._replicas = self._guarded(
+                    Kind.LOAD_CHECKPOINT, lambda: self._replicate(self._local_blob))
+        except PeerFailure as exc:
+            raise self._give_up(RecoveryError(
+                f"rank {self._rank}: a rank failed while the ranks resumed from the durable "
+                f"checkpoint ({exc}); the job must start again")) from exc
 
     def finalize(self) -> None:
         if not self._finalized and self._broken is None:
