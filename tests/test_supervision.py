@@ -230,3 +230,17 @@ def test_a_skipped_call_raises_the_mismatch_on_every_rank_under_load():
         for proc in busy:
             proc.kill()
             proc.wait()
+
+
+def test_a_one_rank_job_leaves_nothing_in_dev_shm():
+    # Open MPI's shared-memory BTL left its backing file in /dev/shm at every
+    # start of a one-process job (python train.py, without mpirun).
+    before = shm_and_session_files()
+    program = ("import numpy as np, rabit_py as r\n"
+               "r.init()\n"
+               "print('SUM', r.allreduce(np.ones(2), r.Op.SUM).tolist(), flush=True)\n"
+               "r.finalize()\n")
+    code, out = run([sys.executable, "-c", program], timeout=60)
+    assert code == 0 and "SUM [1.0, 1.0]" in out, out
+    left = {f for f in shm_and_session_files() - before if f.startswith("/dev/shm/")}
+    assert left == set()
