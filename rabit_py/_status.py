@@ -33,7 +33,7 @@ import os
 import socket
 from typing import Dict, Optional, Tuple
 
-__all__ = ["Reporter", "Report", "read_reports", "RESTART", "BUG", "STATES"]
+__all__ = ["Reporter", "Report", "read_reports", "process_alive", "RESTART", "BUG", "STATES"]
 
 RESTART = "restart"
 BUG = "bug"
@@ -157,3 +157,19 @@ def read_reports(folder: str) -> Dict[str, Report]:
                 except (IndexError, ValueError):
                     pass
     return reports
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` (on this node) is running: not gone, not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
-from ._status import BUG, Report, read_reports
+from ._status import BUG, Report, process_alive, read_reports
 
 __all__ = ["Attempt", "Outcome", "descendants", "kill_tree", "STATUS_DIR_VARIABLE"]
 
@@ -124,19 +124,6 @@ def kill_tree(pid: int) -> List[int]:
     except (ProcessLookupError, PermissionError):
         pass
     return killed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:   # a zombie is not alive
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 class Attempt:
@@ -390,13 +377,13 @@ class _Watch:
         if beat is None:
             # Started, no heartbeat yet (or a job of one rank, which has none).
             by = report.started_by
-            return by is None or by[1] != self.attempt._host or _alive(by[0])
+            return by is None or by[1] != self.attempt._host or process_alive(by[0])
         if beat[5] != (report.started_by or (beat[5],))[0]:
             # A newer process of this rank started and has not beaten yet.
             by = report.started_by
-            return by is None or by[1] != self.attempt._host or _alive(by[0])
+            return by is None or by[1] != self.attempt._host or process_alive(by[0])
         if beat[6] == self.attempt._host:
-            return _alive(beat[5])
+            return process_alive(beat[5])
         last = self.beats.get(name)
         if last is None or last[0] != beat[0]:
             self.beats[name] = (beat[0], now)

@@ -64,6 +64,7 @@ from typing import Any, Callable, List, Optional
 
 import numpy as np
 
+from .._status import process_alive
 from ._mpistart import MPI
 
 __all__ = ["NodeReducer", "UFUNCS", "SUPPORTED"]
@@ -351,21 +352,5 @@ class NodeReducer:
         if error_class is not None:
             raise MPI.Exception(error_class)
         for q, pid in enumerate(self.pids):
-            if q != self.node_rank and not _alive(pid):
+            if q != self.node_rank and not process_alive(pid):
                 raise MPI.Exception(ERR_PROC_FAILED)
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` (on this node) is running: not gone, not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return True
