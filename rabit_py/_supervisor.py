@@ -72,6 +72,7 @@ class Outcome:
     started: bool = False            # whether any rank started
     recoveries: int = 0              # in-job recoveries the ranks reported
     replaced: int = 0                # processes that replaced a dead rank in the job
+    progressed: bool = False         # whether the ranks got further than they started
 
 
 def descendants(pid: int) -> List[int]:
@@ -229,7 +230,8 @@ class Attempt:
         clean = sum(1 for r in ranks.values() if r.ok and r.failed is None)
         fatal = {n: r.fatal for n, r in reports.items() if r.fatal}
         outcome = Outcome(code, started=any(r.started for r in ranks.values()),
-                          recoveries=watch.recoveries, replaced=watch.replaced)
+                          recoveries=watch.recoveries, replaced=watch.replaced,
+                          progressed=watch.longest_gap > 0)
         all_clean = clean >= self.ranks and not fatal
         if all_clean and (code == 0 or code > 128 or stopped is not None):
             if code > 128 and stopped is None:

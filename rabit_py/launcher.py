@@ -143,7 +143,8 @@ def _parser() -> argparse.ArgumentParser:
                              "wait, already started, to replace a rank that dies (faster "
                              "in-job recovery; sets RABIT_SPARES)")
     parser.add_argument("--restart-delay", type=float, default=1.0,
-                        help="seconds before the first restart, doubled each time (max 30)")
+                        help="seconds before the first restart, doubled after each failed "
+                             "attempt that made no progress (max 30)")
     parser.add_argument("--stall-timeout", type=float, default=None,
                         help="end the job (and restart it, with --max-restarts) when no rank "
                              "made progress for this many seconds while every living rank "
@@ -285,6 +286,7 @@ def _run_with_restarts(cmd: List[str], ranks: int, max_restarts: int, delay: flo
     failed_time = 0.0
     attempt = 0
     recoveries = replaced = 0
+    streak = 0          # failed attempts in a row that made no progress
     reasons: List[str] = []
     while True:
         began = time.monotonic()
@@ -307,7 +309,11 @@ def _run_with_restarts(cmd: List[str], ranks: int, max_restarts: int, delay: flo
                       f"restart(s) are used up; giving up", file=sys.stderr, flush=True)
             break
         attempt += 1
-        wait = min(delay * 2 ** (attempt - 1), 30.0)
+        # An attempt that got further than it started resumes from a newer
+        # checkpoint: a failure again is a new fault, not a broken set-up, so
+        # the back-off starts over.
+        streak = 0 if outcome.progressed else streak + 1
+        wait = min(delay * 2 ** max(streak - 1, 0), 30.0)
         print(f"rabit-run: the job failed ({outcome.why}); restart {attempt} of "
               f"{max_restarts} in {wait:g} s", file=sys.stderr, flush=True)
         time.sleep(wait)
