@@ -137,12 +137,13 @@ class MpiEngine(Engine):
 
     def _adopt(self, base: Any) -> None:
         """Run on duplicates of ``base`` (a collective call on it)."""
-        self._comm = base.Dup()
         # Control traffic (who is late, after a timeout) must still flow when
         # the data communicator has been revoked.
-        self._ctrl = base.Dup()
-        for c in (self._comm, self._ctrl):
-            c.Set_errhandler(MPI.ERRORS_RETURN)
+        self._use(*_duplicates(base))
+
+    def _use(self, comm: Any, ctrl: Any) -> None:
+        """Run on ``comm``, with ``ctrl`` for control traffic."""
+        self._comm, self._ctrl = comm, ctrl
         self._rank = self._comm.Get_rank()
         self._size = self._comm.Get_size()
         # Built on this communicator at the first call that wants it.
@@ -837,6 +838,19 @@ class MpiEngine(Engine):
 
         self._saved_excepthook = previous
         sys.excepthook = hook
+
+
+def _duplicates(base: Any) -> Tuple[Any, Any]:
+    """Two duplicates of ``base`` that return errors (collective)."""
+    comm = base.Dup()
+    try:
+        ctrl = base.Dup()
+    except BaseException:
+        comm.Free()
+        raise
+    for c in (comm, ctrl):
+        c.Set_errhandler(MPI.ERRORS_RETURN)
+    return comm, ctrl
 
 
 def _causes(exc: BaseException) -> List[BaseException]:

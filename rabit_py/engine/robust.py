@@ -59,7 +59,8 @@ from ._validate import check_allreduce
 from ._watchdog import FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, deadline
 from .._status import BUG, RESTART, Reporter
 from .base import CheckpointResult, PrepareFn
-from .mpi import (_ERR_PROC_FAILED, _ERR_REVOKED, _NO_LAZY, MpiEngine, _abort_init, abort_job,
+from .mpi import (_ERR_PROC_FAILED, _ERR_REVOKED, _NO_LAZY, MpiEngine, _abort_init, _duplicates,
+                  abort_job,
                   ulfm_enabled)
 
 __all__ = ["RobustEngine"]
@@ -120,6 +121,10 @@ class RobustEngine(MpiEngine):
                 self.joined_as = "spare"
         replacement = self.joined_as != "start"
         super().__init__(config, comm)
+        if replacement:
+            # The survivors agree that every rank made its communicators
+            # (RobustEngine._duplicate_repaired); ours are made.
+            comm.Agree(1)
         if replacement or pool is not None:
             comm.Free()                 # ours, not the caller's: the engine runs on a Dup
         self._pool = pool
@@ -660,6 +665,29 @@ class RobustEngine(MpiEngine):
     def _peer_failed(self, failure: PeerFailure) -> BaseException:
         return failure
 
+    def _duplicate_repaired(self, new: "MPI.Intracomm") -> Optional[Tuple[Any, Any]]:
+        """The data and control communicators on a repaired one, or None if a
+        rank died meanwhile (seen: a raw MPI error from Dup). Creating them
+        is collective and may succeed on some ranks only: the ranks agree
+        (uniformly, even with new failures) whether it worked everywhere."""
+        comms: Optional[Tuple[Any, Any]] = None
+        try:
+            comms = _duplicates(new)
+        except MPI.Exception:
+            pass
+        try:
+            agreed = bool(new.Agree(int(comms is not None)))
+        except MPI.Exception:
+            agreed = False
+        if not agreed and comms is not None:
+            for c in comms:
+                try:
+                    c.Free()
+                except MPI.Exception:
+                    pass
+            comms = None
+        return comms
+
     def _recovery_counts(self) -> Tuple[int, int]:
         return self._recoveries, sum(self._trials.values())
 
@@ -696,20 +724,27 @@ class RobustEngine(MpiEngine):
         # A repair blocks in Shrink/Spawn/Merge, which no revoke can interrupt:
         # if it hangs past the recovery timeout, end the job instead.
         self._repairing = True
+        replaced: List[int] = []
+        broken, old = self._comm, (self._comm, self._ctrl)
         try:
             with deadline(self._config.recovery_timeout, self._abort_repair, "repair"):
-                new, replaced = repair(self._comm, self._rank, self._size, make_state,
-                                       self.repair_times, check_dead=self._check_dead,
-                                       pool=self._pool, give_up=give_up)
+                while True:
+                    new, now = repair(broken, self._rank, self._size, make_state,
+                                      self.repair_times, check_dead=self._check_dead,
+                                      pool=self._pool, give_up=give_up)
+                    replaced += now
+                    for rank in now:
+                        self._trials[rank] = self._trials.get(rank, 0) + 1
+                    self._catching_up, self._quick_deaths = self._after_deaths(now)
+                    comms = self._duplicate_repaired(new)
+                    if comms is not None:
+                        break
+                    broken = new    # a rank died right after the repair: again
         except RecoveryError as exc:
             raise self._give_up(exc)
         finally:
             self._repairing = False
-        for rank in replaced:
-            self._trials[rank] = self._trials.get(rank, 0) + 1
-        self._catching_up, self._quick_deaths = self._after_deaths(replaced)
-        old = (self._comm, self._ctrl)
-        self._adopt(new)
+        self._use(*comms)
         self._membership += 1
         for c in old + (new,):
             try:
