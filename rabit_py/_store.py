@@ -323,6 +323,19 @@ class DurableStore:
                 self._known_complete.discard(v)
                 self._recycle(v, files[v])
 
+    def discard_after(self, version: int) -> None:
+        """Remove the versions above ``version`` (the one the ranks agreed to
+        resume from): a failed attempt's leftovers, which no rank could load
+        (else the ranks would have agreed on them). Left there they made a
+        complete-looking newer set, so pruning removed the files that the
+        resumed job was writing again (seen: a rank's rename failed with
+        ENOENT in a storm of restarts). Run by the leader before the ranks
+        write again."""
+        for v, names in self._files().items():
+            if v > version:
+                self._known_complete.discard(v)
+                self._recycle(v, names)
+
     def _recycle(self, version: int, names: List[str]) -> None:
         """Keep a pruned version's files for the next writes (Note [recycled
         files]); the manifest goes first, so the version is incomplete before

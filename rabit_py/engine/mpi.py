@@ -580,6 +580,10 @@ class MpiEngine(Engine):
             problem = str(exc)
         # Agree: the oldest of the ranks' newest versions; -1 if a rank failed.
         agreed = self._comm.allreduce(-1 if problem else mine, op=MPI.MIN)
+        if agreed >= 0 and self._rank == 0:
+            # Before anyone writes again: a newer set would make pruning remove
+            # the files of the versions this job now writes again.
+            self._store.discard_after(agreed)
         if agreed < 0:
             failed = self._comm.allgather(problem)
             raise CheckpointError("; ".join(p for p in failed if p))
@@ -864,10 +868,10 @@ def _causes(exc: BaseException) -> List[BaseException]:
 
 def _is_restartable(exc: BaseException) -> bool:
     """Whether a restart from the durable checkpoint may cure what ended a rank:
-    a lost peer or a timeout may not happen again; any other uncaught
-    exception is a bug that a restart repeats."""
-    return any(isinstance(e, CollectiveTimeoutError) or getattr(e, "restartable", False)
-               for e in _causes(exc))
+    a lost peer, a timeout or an I/O error may not happen again; any other
+    uncaught exception is a bug that a restart repeats."""
+    return any(isinstance(e, (CollectiveTimeoutError, OSError))
+               or getattr(e, "restartable", False) for e in _causes(exc))
 
 
 def _is_secondary(exc: BaseException) -> bool:

@@ -624,6 +624,16 @@ class RobustEngine(MpiEngine):
             return result
         except MPI.Exception as exc:
             raise self._failure(exc) from exc
+        except (RabitError, PeerFailure):
+            raise
+        except Exception as exc:
+            # mpi4py unpickles inside its call: a half-filled message from a
+            # revoked collective (Note [revoked success]) raises before
+            # _check_revoked can run (seen: UnpicklingError: invalid load
+            # key '\x00').
+            if not agreement and self._ulfm and self._comm.Is_revoked():
+                raise self._failure(MPI.Exception(_ERR_REVOKED)) from exc
+            raise
         finally:
             self._leave()
 

@@ -192,3 +192,23 @@ def test_a_manifest_of_another_format_is_skipped_with_the_reason(tmp_path, caplo
     with caplog.at_level(logging.WARNING, logger="rabit_py"):
         assert ranks[0].newest_loadable() == 1
     assert "v00000002.MANIFEST.f1.w2.local: checkpoint format 1, this rabit_py" in caplog.text
+
+
+def test_a_resumed_job_rewriting_versions_is_not_pruned_by_a_failed_attempts_leftovers(tmp_path):
+    # A failed attempt wrote versions 2..4; rank 1's file of version 4 is
+    # missing, so the restarted ranks agree on 3 and write 4, 5 again. Without
+    # discarding the leftovers first, the leader's pruning saw versions newer
+    # than the ones being rewritten and removed files under a writing rank.
+    ranks = stores(tmp_path)
+    save_versions(ranks, [1, 2, 3, 4])
+    os.unlink(tmp_path / "v00000004.local-1.ckpt")
+    restarted = stores(tmp_path)
+    agreed = min(s.newest_loadable() for s in restarted)
+    assert agreed == 3
+    restarted[0].discard_after(agreed)
+    assert restarted[0].versions() == [3]
+    assert not any(n.startswith("v00000004") for n in os.listdir(tmp_path))
+    save_versions(restarted, [4, 5])
+    for s in restarted:
+        assert s.load(5) == (b"global v5", f"local {s.rank} v5".encode())
+        s.close()
