@@ -281,7 +281,13 @@ class Attempt:
                 except OSError:
                     pass
         for folder in self._made:
-            shutil.rmtree(folder, ignore_errors=True)
+            for _ in range(10):
+                # A process that is still dying (or Open MPI removing its own
+                # session files at the same time) can make one pass fail.
+                shutil.rmtree(folder, ignore_errors=True)
+                if not os.path.exists(folder):
+                    break
+                time.sleep(0.2)
 
 
 class _Watch:
