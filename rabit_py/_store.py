@@ -39,6 +39,16 @@ costs one commit (the folder's), like a raw write of the same bytes. The
 folder holds at most one pruned version's files more. The temporary files of
 a pruned version (a writer that crashed) are deleted.
 
+# Note [unfinished versions]
+A rank killed while its writer thread is behind (a loaded node: the queue
+holds a version or two) leaves versions without its file, or without a
+manifest if it was the leader. Such versions were never finished: they are
+skipped, and if no version was finished the job starts from the beginning
+(with a warning), as it would have with an empty folder. A file that is
+there but cannot be read is different: the version was finished and then
+damaged; if no older version can be loaded, loading fails rather than
+silently dropping the work.
+
 The folder is meant to be shared by all ranks (one path on a shared
 filesystem); with per-node folders, local models are found only when each
 rank restarts on the node where it wrote them.
@@ -303,18 +313,25 @@ class DurableStore:
         # (the manifest's after the file's: a crash before it leaves the
         # version incomplete).
         _fsync_dir(self.folder)
-        self.prune()
+        self.prune(upto=version)
 
     def _recycled(self, name: str) -> str:
         return os.path.join(self.folder, RECYCLE_DIR, name)
 
-    def prune(self) -> None:
+    def prune(self, upto: Optional[int] = None) -> None:
         """Remove versions older than the newest ``keep`` complete ones. With
         local models, complete means every rank's local file is there too: a
         rank writes its versions in order, so once it wrote a newer one it is
-        done with the older ones, and none is removed under a slower rank."""
+        done with the older ones, and none is removed under a slower rank.
+
+        Args:
+            upto: the version the leader just wrote; newer ones are leftovers
+                of an earlier attempt and do not count (else the versions this
+                job is writing again could be removed under their writers).
+        """
         files = self._files()
-        complete = [v for v in sorted(files) if self._complete(v, files[v])]
+        complete = [v for v in sorted(files) if (upto is None or v <= upto)
+                    and self._complete(v, files[v])]
         if len(complete) < self.keep:
             return
         oldest_kept = complete[-self.keep]
@@ -414,52 +431,60 @@ class DurableStore:
                                   f"format {FORMAT}")
         return manifest
 
-    def _problem(self, version: int, local: bool) -> Optional[str]:
-        """Why ``version`` cannot be loaded (None if it can): the manifest and
-        global file, plus every local file if ``local``."""
+    def _problem(self, version: int, names: List[str]) -> Tuple[Optional[str], bool]:
+        """Why this rank cannot load ``version`` (None if it can), and whether
+        the reason is only that the version was never finished: its manifest,
+        global file or this rank's local file is not there (a writer killed
+        before its rename; Note [unfinished versions]). A file that is there
+        but bad (truncated, corrupt, foreign) is not such a reason."""
         try:
-            manifest = self._manifest(version)
-            read_file(self.path(version, "global.ckpt"), version)
-            if local:
-                for r in range(manifest.world_size):
-                    read_file(self.path(version, f"local-{r}.ckpt"), version)
+            manifest = self._manifest(version, names)
         except CheckpointError as exc:
-            return str(exc)
-        return None
+            return str(exc), not any(_MANIFEST.match(n) for n in names)
+        needed = ["global.ckpt"]
+        if manifest.uses_local and manifest.world_size == self.world_size:
+            # A changed world size is refused with a clear error by load().
+            needed.append(f"local-{self.rank}.ckpt")
+        for name in needed:
+            if name not in names:
+                return (f"{self.path(version, name)}: missing: the version was not finished "
+                        f"(its writer stopped first)"), True
+        try:
+            for name in needed:
+                read_file(self.path(version, name), version)
+        except CheckpointError as exc:
+            return str(exc), False
+        return None, False
 
     def newest_loadable(self) -> int:
         """The newest version this rank can load (0 if none), with a warning
         for each newer version skipped.
 
         Raises:
-            CheckpointError: versions exist but none can be loaded.
+            CheckpointError: a version was finished but none can be loaded
+                (bad files: truncated, corrupt, foreign); starting from the
+                beginning would silently drop the work they hold.
         """
-        found = self.versions()
-        for version in reversed(found):
-            problem = self._problem(version, local=False)
+        files = self._files()
+        bad = []
+        for version in sorted(files, reverse=True):
+            problem, unfinished = self._problem(version, files[version])
             if problem is None:
-                mine = self._local_problem(version)
-                if mine is None:
-                    return version
-                problem = mine
+                return version
+            if not unfinished:
+                bad.append(version)
             log.warning("rank %d: durable checkpoint version %d is skipped: %s; trying an "
                         "older one", self.rank, version, problem)
-        if found:
+        if bad:
             raise CheckpointError(f"rank {self.rank}: no version in {self.folder} can be loaded "
-                                  f"(found {found}); see the warnings above")
+                                  f"(found {sorted(files)}; unreadable: {sorted(bad)}); see the "
+                                  f"warnings above. Move the folder aside to start from the "
+                                  f"beginning")
+        if files:
+            log.warning("rank %d: no version in %s was finished (found %s, each left by a "
+                        "writer that stopped first); starting from the beginning", self.rank,
+                        self.folder, sorted(files))
         return 0
-
-    def _local_problem(self, version: int) -> Optional[str]:
-        manifest = self._manifest(version)
-        if not manifest.uses_local:
-            return None
-        if manifest.world_size != self.world_size:
-            return None         # refused with a clear error by load()
-        try:
-            read_file(self.path(version, f"local-{self.rank}.ckpt"), version)
-        except CheckpointError as exc:
-            return str(exc)
-        return None
 
     def load(self, version: int) -> Tuple[Optional[bytes], Optional[bytes]]:
         """(global blob, this rank's local blob) of ``version``.

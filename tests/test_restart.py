@@ -93,14 +93,35 @@ def test_every_rank_killed_from_outside_resumes_from_disk(reference, tmp_path):
     assert_same_models(out, reference)
 
 
+def test_a_rank_lost_before_the_disk_resume_restarts_and_resumes(reference, tmp_path):
+    # Attempt 0: rank 1 and its replica holder die together (the local model
+    # is lost): a restart. Attempt 1: rank 1 dies at its first
+    # load_checkpoint (seqno 1, after a broadcast), before the ranks agreed on
+    # a version on disk. Recovered in place, the job started over from
+    # version 0 beside the newer versions on disk (Note [fresh start with a
+    # store]); it must restart again and resume from disk.
+    code, out = run(launcher("--max-restarts", "2", "--restart-delay", "0.1",
+                             "--checkpoint-dir", str(tmp_path)) + ["--sleep", "0.1"],
+                    timeout=240, env={"RABIT_ENGINE": "mock",
+                                      "RABIT_MOCK": "1,3,1,0;2,3,1,0;1,0,1,1",
+                                      "RABIT_TIMEOUT": "45"})
+    assert code == 0, out[-6000:]
+    assert "a rank failed before the ranks resumed from the durable checkpoint" in out, \
+        out[-6000:]
+    assert "restart 2 of 2" in out and "rabit-run: 3 attempt(s)" in out, out[-6000:]
+    assert "resumed from durable checkpoint version" in out, out[-6000:]
+    assert_same_models(out, reference)
+
+
 def test_used_up_restarts_end_with_a_clear_message(tmp_path):
     # A fault in every attempt (a restart counts as a life of the mock plan),
-    # each at a checkpoint call, a round after the previous version's
-    # asynchronous durable write began (a kill during that write can leave
-    # the rank without a loadable version: see the note of issue 15).
+    # one call after a checkpoint: under load the rank's writer may still be
+    # behind, so the versions on disk may be unfinished (Note [unfinished
+    # versions]): the restart then starts from the beginning (was: "no
+    # version can be loaded", taken for a bug, in 2 of 9 runs under load).
     code, out = run(launcher("--max-restarts", "1", "--restart-delay", "0.1",
-                             "--checkpoint-dir", str(tmp_path)) + ["--sleep", "0.3"],
-                    timeout=240, env={"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,2,4,0;1,3,4,1",
+                             "--checkpoint-dir", str(tmp_path)),
+                    timeout=240, env={"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,2,1,0;1,3,1,1",
                                       "RABIT_MAX_RECOVERIES": "0", "RABIT_TIMEOUT": "45"})
     assert code != 0
     assert "1 restart(s) are used up; giving up" in out, out[-6000:]

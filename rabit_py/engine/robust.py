@@ -29,6 +29,15 @@ commits. ULFM's agreement is uniform (it fails at all ranks or at none), so
 after a failure inside a checkpoint every survivor holds the same committed
 version. ``finalize`` is the same agreement (a shutdown pseudo-checkpoint): a
 peer that dies at the very end is replaced and replays up to it.
+
+# Note [fresh start with a store]
+With a durable checkpoint folder, a fresh job's first ``load_checkpoint``
+makes the ranks agree on the newest version on disk. A rank that dies before
+that agreement is not recovered in place: the survivors would serve the
+replacement version 0 (nothing loaded yet), and the job would silently start
+over from the beginning, beside the newer versions that an earlier attempt
+left on disk (seen in a storm: training from version 0 while versions up to
+30 were on disk). The job ends for a restart instead, which resumes from disk.
 """
 
 from __future__ import annotations
@@ -378,7 +387,12 @@ class RobustEngine(MpiEngine):
                 # A replacement (or any rank while recovering) asks the survivors.
                 if self._guarded(Kind.LOAD_CHECKPOINT, lambda: self._round(None))[0] == _SERVED:
                     break
-            except PeerFailure:
+            except PeerFailure as exc:
+                if self._store is not None and self._version == 0 and not self._recovering:
+                    # Note [fresh start with a store]
+                    raise self._give_up(RecoveryError(
+                        f"rank {self._rank}: a rank failed before the ranks resumed from the "
+                        f"durable checkpoint ({exc}); the job must start again")) from exc
                 self._recover()
         self._start_epoch()
         return self._checkpoint_result(with_local)

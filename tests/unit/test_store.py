@@ -158,9 +158,49 @@ def test_no_loadable_version_is_an_error_not_a_fresh_start(tmp_path):
     ranks = stores(tmp_path, keep=1)
     save_versions(ranks, [1])
     (tmp_path / "v00000001.global.ckpt").write_bytes(b"garbage")
-    with pytest.raises(CheckpointError, match=r"no version in .* can be loaded \(found \[1\]\)"):
+    with pytest.raises(CheckpointError, match=r"no version in .* can be loaded \(found \[1\]; "
+                                              r"unreadable: \[1\]\)"):
         ranks[0].newest_loadable()
     assert DurableStore(str(tmp_path / "empty"), 0, 2).newest_loadable() == 0
+
+
+def test_versions_never_finished_mean_a_fresh_start(tmp_path, caplog):
+    # Seen under load: rank 1 was killed while its writer was still behind,
+    # so neither version has its local file; version 2 lacks the manifest
+    # too (the leader's writer was behind as well).
+    ranks = stores(tmp_path)
+    save_versions(ranks, [1, 2])
+    os.unlink(tmp_path / "v00000001.local-1.ckpt")
+    os.replace(tmp_path / "v00000002.local-1.ckpt", tmp_path / "v00000002.local-1.ckpt.tmp-9")
+    os.unlink(tmp_path / "v00000002.MANIFEST.f2.w2.local")
+    assert ranks[0].newest_loadable() == 1          # its own files are all there
+    with caplog.at_level(logging.WARNING, logger="rabit_py"):
+        assert ranks[1].newest_loadable() == 0      # the engine agrees on the minimum
+    assert "v00000001.local-1.ckpt: missing: the version was not finished" in caplog.text
+    assert "no version in" in caplog.text and "starting from the beginning" in caplog.text
+
+
+def test_a_bad_file_is_an_error_even_beside_unfinished_versions(tmp_path):
+    ranks = stores(tmp_path)
+    save_versions(ranks, [1, 2])
+    os.unlink(tmp_path / "v00000002.local-1.ckpt")
+    (tmp_path / "v00000001.local-1.ckpt").write_bytes(b"RABITCKP garbage")
+    with pytest.raises(CheckpointError, match=r"unreadable: \[1\]"):
+        ranks[1].newest_loadable()
+
+
+def test_pruning_ignores_newer_leftovers_of_an_earlier_attempt(tmp_path):
+    # An attempt wrote versions 1-4 (3 and 4 are left); the next one resumed
+    # from version 1 (say) and writes 2 again. Versions 3 and 4 (complete)
+    # must not make the leader prune version 2 while rank 1 still writes it.
+    save_versions(stores(tmp_path), [1, 2, 3, 4])
+    ranks = stores(tmp_path)                        # the next attempt
+    ranks[0].save(2, b"global v2", b"local 0 v2", True)
+    ranks[0].flush()
+    assert "v00000002.global.ckpt" in os.listdir(tmp_path)
+    ranks[1].save(2, None, b"local 1 v2", True)
+    ranks[1].flush()
+    assert ranks[1].load(2) == (b"global v2", b"local 1 v2")
 
 
 def test_a_failed_write_is_reported_on_the_next_call(tmp_path):
