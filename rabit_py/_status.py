@@ -12,8 +12,11 @@ for a spare (W: its rank in ``MPI_COMM_WORLD``):
 - ``NAME.beat``: a heartbeat, rewritten about once a second by the engine's
   watchdog thread (never on the call path): ``BEAT VERSION SEQNO KIND STATE
   PID HOST RECOVERIES REPLACED`` (the last two: the job's in-job recoveries
-  and replaced processes so far, as this rank knows them), STATE being ``call`` (inside a collective), ``repair`` (repairing
-  the job after a failure), ``user`` (in the program's own code) or ``done``;
+  and replaced processes so far, as this rank knows them) and SPAWNING,
+  STATE being ``call`` (inside a collective), ``repair`` (repairing the job
+  after a failure), ``spawn`` (repairing, inside a spawn of processes for the
+  ranks listed in SPAWNING, comma-separated; ``-`` in other states), ``user``
+  (in the program's own code) or ``done``;
 - ``NAME.fatal``: the job cannot go on; first line ``restart`` (a restart from
   the durable checkpoint may help) or ``bug`` (it would not: the program must
   change), then the reason;
@@ -31,13 +34,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-from typing import Dict, Optional, Tuple
+from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 
 __all__ = ["Reporter", "Report", "read_reports", "process_alive", "RESTART", "BUG", "STATES"]
 
 RESTART = "restart"
 BUG = "bug"
-STATES = ("call", "repair", "user", "done")
+STATES = ("call", "repair", "spawn", "user", "done")
 
 
 class Reporter:
@@ -76,12 +79,14 @@ class Reporter:
         self._write("started", f"{os.getpid()} {self._host}\n")
 
     def beat(self, version: int, seqno: int, kind: int, state: str, recoveries: int = 0,
-             replaced: int = 0) -> None:
-        """A heartbeat: where this process is now, and the in-job recoveries
-        and replaced processes of the job so far (see the note)."""
+             replaced: int = 0, spawning: Sequence[int] = ()) -> None:
+        """A heartbeat: where this process is now, the in-job recoveries and
+        replaced processes of the job so far, and the ranks being spawned
+        for in state ``spawn`` (see the note)."""
         self._beats += 1
+        spawned = ",".join(map(str, spawning)) or "-"
         self._write("beat", f"{self._beats} {version} {seqno} {kind} {state} {os.getpid()} "
-                            f"{self._host} {recoveries} {replaced}\n")
+                            f"{self._host} {recoveries} {replaced} {spawned}\n")
 
     def fatal(self, category: str, reason: str) -> None:
         """The job cannot go on (``RESTART`` or ``BUG``); the first report wins."""
@@ -109,6 +114,8 @@ class Report:
     def position(self) -> Optional[Tuple[int, int, int]]:
         """(version, seqno, kind) of the last heartbeat."""
         return None if self.beat is None else self.beat[1:4]   # type: ignore[return-value]
+
+    spawning: FrozenSet[int] = frozenset()       # state spawn: the ranks spawned for
 
     @property
     def state(self) -> Optional[str]:
@@ -154,6 +161,8 @@ def read_reports(folder: str) -> Dict[str, Report]:
                     report.beat = (int(fields[0]), int(fields[1]), int(fields[2]),
                                    int(fields[3]), fields[4], int(fields[5]), fields[6],
                                    int(fields[7]), int(fields[8]))
+                    if len(fields) > 9 and fields[9] != "-":
+                        report.spawning = frozenset(map(int, fields[9].split(",")))
                 except (IndexError, ValueError):
                     pass
     return reports

@@ -18,7 +18,21 @@ ranks run in process groups of their own -- when:
     ``STALL_FACTOR`` times the longest gap between two progress reports seen
     so far, within [``STALL_FLOOR_S``, ``STALL_CEILING_S``];
 (c) the ranks have all ended but mpirun has not (after recoveries Open MPI
-    sometimes stays: processes stuck joining, or a teardown hang).
+    sometimes stays: processes stuck joining, or a teardown hang);
+(d) a rank died while the others were spawning processes for other ranks,
+    and the spawn has not ended ``SPAWN_DEATH_S`` later (Note [stuck spawn]).
+
+# Note [stuck spawn]
+``MPI_Comm_spawn`` and the merge after it are not fault tolerant in Open MPI
+5: when a process taking part dies during them, the survivors wait for good
+(seen in storms: no repair output, then ``NBC_Progress: an error 75`` loops).
+The engine's RABIT_RECOVERY_TIMEOUT ends such a repair, but only after its
+30 s. Ranks inside a spawn report it in their heartbeat (state ``spawn`` and
+the ranks spawned for), so rabit-run can tell that case exactly: a rank whose
+process is gone and which is not among those being spawned for died during
+the spawn (or just before it, which wedges it as well). The condition must
+hold ``SPAWN_DEATH_S`` (heartbeats lag up to a second behind a spawn that
+ended) before rabit-run ends the job for a restart.
 
 A job is given private folders for what Open MPI leaves on the node (its
 session directory, the shared-memory backing files), and they are removed
@@ -55,6 +69,7 @@ EXIT_GRACE_S = 10.0       # every rank finalized: time for the processes to exit
 LINGER_S = 5.0            # no process left but mpirun: time for it to exit
 DEAD_RANKS_S = 1.0        # every rank dead, other processes left: time before ending them
 BEAT_STALE_S = 10.0       # a heartbeat unchanged this long: that rank is gone
+SPAWN_DEATH_S = 2.0       # Note [stuck spawn]: a death during a spawn, this long
 STALL_FACTOR = 10.0
 STALL_FLOOR_S = 60.0
 STALL_CEILING_S = 900.0
@@ -227,6 +242,7 @@ class Attempt:
                stopped: Optional[str]) -> Outcome:
         code = code if code >= 0 else 128 - code
         ranks = {n: r for n, r in reports.items() if n.startswith("rank-")}
+        watch.count(ranks)      # the last beats, written at exit
         clean = sum(1 for r in ranks.values() if r.ok and r.failed is None)
         fatal = {n: r.fatal for n, r in reports.items() if r.fatal}
         outcome = Outcome(code, started=any(r.started for r in ranks.values()),
@@ -303,9 +319,18 @@ class _Watch:
         self.longest_gap = 0.0
         self.finalized_since: Optional[float] = None
         self.alone_since: Optional[float] = None
+        self.spawn_death_since: Optional[float] = None
         self.seen_processes = False
         self.recoveries = 0
         self.replaced = 0
+
+    def count(self, ranks: Dict[str, Report]) -> None:
+        """Take the in-job recovery counters (and PIDs) from the ranks' beats."""
+        for report in ranks.values():
+            if report.beat is not None:
+                self.attempt._pids_seen.add(report.beat[5])
+                self.recoveries = max(self.recoveries, report.beat[7])
+                self.replaced = max(self.replaced, report.beat[8])
 
     def stall_timeout(self) -> float:
         if self.attempt.stall_timeout is not None:
@@ -319,11 +344,7 @@ class _Watch:
         self.next_look = now + 0.5
         reports = read_reports(self.attempt.status_dir)
         ranks = {n: r for n, r in reports.items() if n.startswith("rank-")}
-        for report in ranks.values():
-            if report.beat is not None:
-                self.attempt._pids_seen.add(report.beat[5])
-                self.recoveries = max(self.recoveries, report.beat[7])
-                self.replaced = max(self.replaced, report.beat[8])
+        self.count(ranks)
         # (a) a process reported that the job cannot go on.
         fatal = sorted((n, r.fatal) for n, r in reports.items() if r.fatal)
         if fatal:
@@ -358,6 +379,14 @@ class _Watch:
                         "joining or exiting)")
         else:
             self.alone_since = None
+        # (d) Note [stuck spawn].
+        stuck = self._stuck_spawn(ranks, alive)
+        if stuck is None:
+            self.spawn_death_since = None
+        else:
+            self.spawn_death_since = self.spawn_death_since or now
+            if now - self.spawn_death_since > SPAWN_DEATH_S:
+                return stuck
         # (b) a stall: no progress while every living rank waits inside rabit_py.
         positions = {n: r.position for n, r in ranks.items() if r.position is not None}
         if positions != self.positions:
@@ -375,6 +404,23 @@ class _Watch:
             return (f"no rank made progress for {stalled:.0f} s while all waited inside "
                     f"rabit_py (a wedge; --stall-timeout {self.stall_timeout():g} s)")
         return None
+
+    @staticmethod
+    def _stuck_spawn(ranks: Dict[str, Report], alive: Dict[str, Report]) -> Optional[str]:
+        """Why the ranks' spawn is stuck (Note [stuck spawn]), or None."""
+        spawning = [r for r in alive.values() if r.state == "spawn"]
+        if not spawning:
+            return None
+        targets = frozenset().union(*(r.spawning for r in spawning))
+        died = sorted(int(n.split("-", 1)[1]) for n, r in ranks.items()
+                      if r.started and n not in alive and not r.ok and r.failed is None
+                      and int(n.split("-", 1)[1]) not in targets)
+        if not died:
+            return None
+        return (f"rank(s) {', '.join(map(str, died))} died while the job was starting "
+                f"processes for rank(s) {', '.join(map(str, sorted(targets)))}; Open MPI "
+                f"cannot finish a spawn once a process taking part died (the repair would "
+                f"wait for RABIT_RECOVERY_TIMEOUT)")
 
     def _alive(self, name: str, report: Report, now: float) -> bool:
         """Whether the rank's process may still be running (True while unknown:

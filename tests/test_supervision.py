@@ -190,6 +190,90 @@ def test_adjacent_ranks_lost_together_restart_from_disk(tmp_path):
                                                           ref["version"])
 
 
+# ---------------------------------------------------------------- spare refill
+def test_a_spawn_refills_the_spares():
+    # Note [spare refill]: the spare takes rank 1's place; rank 2's then needs
+    # a spawn, which starts a new spare as well; that spare takes rank 3's
+    # place at once. The spawned spare leaves at finalize without a stall.
+    code, out = run(rabit_run(4, *PROGRAM), timeout=120, env={"RABIT_ENGINE": "robust"})
+    assert code == 0, out
+    reference = {r["rank"]: r for r in parse(out, "RESULT")}
+    code, out = run(rabit_run(4, *PROGRAM, "--sleep", "0.2", spares=1), timeout=180,
+                    env={"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,2,1,0;2,3,1,0;3,4,1,0",
+                         "RABIT_TIMEOUT": "60"})
+    assert code == 0, out[-6000:]
+    joined = {(s["rank"], s["trial"]): s["joined"] for s in parse(out, "START")}
+    assert (joined[(1, 1)], joined[(2, 1)], joined[(3, 1)]) == ("spare", "spawned", "spare"), \
+        out[-6000:]
+    assert "3 in-job recoveries (3 processes replaced)" in out, out[-3000:]
+    assert "stopping the job" not in out, out[-3000:]
+    results = {r["rank"]: r for r in parse(out, "RESULT")}
+    assert sorted(results) == [0, 1, 2, 3], out[-6000:]
+    for rank, r in results.items():
+        ref = reference[rank]
+        assert (r["model"], r["local"], r["version"]) == (ref["model"], ref["local"],
+                                                          ref["version"])
+
+
+def test_a_death_during_a_spawn_ends_the_job_at_once(tmp_path, capsys):
+    # Note [stuck spawn]: a stand-in mpirun whose ranks 0 and 2 report being
+    # inside a spawn for rank 1 while rank 3's process is gone (it died during
+    # the spawn): rabit-run ends the attempt within seconds (not after the
+    # 30 s RABIT_RECOVERY_TIMEOUT) and restarts it; the second attempt ends
+    # cleanly.
+    fake = tmp_path / "mpirun"
+    count = tmp_path / "count"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f"echo x >> {count}\n"
+        'd="$RABIT_RUN_STATUS_DIR"\n'
+        f"if [ $(wc -l < {count}) -ge 2 ]; then\n"
+        "  for r in 0 1 2 3; do touch $d/rank-$r.started $d/rank-$r.ok; done\n"
+        "  exit 0\n"
+        "fi\n"
+        "h=$(hostname)\n"
+        "true & dead=$!; wait $dead\n"
+        "sleep 300 & a=$!\n"
+        "sleep 300 & b=$!\n"
+        'echo "$a $h" > $d/rank-0.started; echo "1 5 2 1 spawn $a $h 1 1 1" > $d/rank-0.beat\n'
+        'echo "$dead $h" > $d/rank-1.started\n'
+        'echo "$b $h" > $d/rank-2.started; echo "1 5 2 1 spawn $b $h 1 1 1" > $d/rank-2.beat\n'
+        'echo "$dead $h" > $d/rank-3.started; echo "1 5 2 1 repair $dead $h 1 1 -" > '
+        "$d/rank-3.beat\n"
+        "wait\n")
+    fake.chmod(0o755)
+    code = launcher.main(["-n", "4", "--no-ft", "--mpirun", str(fake), "--max-restarts", "1",
+                          "--restart-delay", "0", "--", "prog"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert ("rank(s) 3 died while the job was starting processes for rank(s) 1; Open MPI "
+            "cannot finish a spawn" in err), err
+    assert "restart 1 of 1" in err
+
+
+def _report(state, spawning=(), started=True, ok=False):
+    from rabit_py._status import Report
+    beat = (1, 5, 2, 1, state, 100, "h", 0, 0) if state else None
+    return Report(started=started, beat=beat, ok=ok, spawning=frozenset(spawning))
+
+
+def test_the_stuck_spawn_rule_names_only_deaths_outside_the_spawn():
+    from rabit_py._supervisor import _Watch
+    ranks = {"rank-0": _report("spawn", [1]), "rank-1": _report("call"),
+             "rank-2": _report("spawn", [1]), "rank-3": _report("repair")}
+    alive = {n: ranks[n] for n in ("rank-0", "rank-2")}
+    # Rank 1 is the one being replaced; rank 3 died besides.
+    assert "rank(s) 3 died while" in _Watch._stuck_spawn(ranks, alive)
+    # Only the rank being replaced is gone: a spawn under way, not stuck.
+    assert _Watch._stuck_spawn(ranks, {**alive, "rank-3": ranks["rank-3"]}) is None
+    # Nobody inside a spawn: rule (d) says nothing (the stall rule covers it).
+    calm = {n: _report("repair") for n in ranks}
+    assert _Watch._stuck_spawn(calm, {"rank-0": calm["rank-0"]}) is None
+    # A rank that finished (ok) is not a death.
+    ranks["rank-3"] = _report("done", ok=True)
+    assert _Watch._stuck_spawn(ranks, alive) is None
+
+
 # ---------------------------------------------------------------- the storm
 def test_a_short_storm_of_outside_kills_finishes_bitwise_identical(tmp_path):
     # 10 outside SIGKILLs of random ranks' current processes at 0.3-1.0 s,

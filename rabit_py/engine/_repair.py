@@ -62,6 +62,10 @@ class RepairTimes:
     spawn: float = 0.0
     merge: float = 0.0
     attempts: int = 0
+    # The ranks being spawned for while a spawn is under way (for the
+    # heartbeat: a rank dying then wedges the spawn; Note [stuck spawn] in
+    # rabit_py/_supervisor.py), else empty.
+    spawning: List[int] = dataclasses.field(default_factory=list)
 
 
 def spawn_command() -> Tuple[str, List[str]]:
@@ -157,6 +161,7 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
                 check_dead(shrunk, dead)
             t0 = time.perf_counter()
             program, args = spawn_command()
+            times.spawning = list(dead)
             inter = shrunk.Spawn(program, args=args, maxprocs=len(dead), root=0,
                                  info=_spawn_info())
             times.spawn += time.perf_counter() - t0
@@ -169,6 +174,7 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
             new = merged.Split(0, key=my_rank)
             new.Set_errhandler(MPI.ERRORS_RETURN)
             times.merge += time.perf_counter() - t0
+            times.spawning = []
             if new.Get_size() != size or new.Get_rank() != my_rank:
                 raise RecoveryError(f"rank {my_rank}: the repaired communicator has size "
                                     f"{new.Get_size()} and puts this process at rank "
@@ -179,6 +185,7 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
             return new, replaced
         except MPI.Exception as exc:
             # Another failure during the repair: start over from what we have.
+            times.spawning = []
             last_error = exc
             log.info("rank %d: repair attempt %d failed (%s); retrying", my_rank, attempt,
                      exc.Get_error_string())
@@ -193,7 +200,8 @@ def is_replacement() -> bool:
     return MPI.Comm.Get_parent() != MPI.COMM_NULL
 
 
-def join_as_replacement(timeout: float = 0.0) -> Tuple["MPI.Intracomm", int, JoinState, Any]:
+def join_as_replacement(timeout: float = 0.0
+                        ) -> Tuple[Optional["MPI.Intracomm"], int, JoinState, Any]:
     """Replacement side of Note [repair].
 
     Args:
@@ -204,7 +212,9 @@ def join_as_replacement(timeout: float = 0.0) -> Tuple["MPI.Intracomm", int, Joi
 
     Returns:
         The job's communicator, this process's rank in it, the join state, and
-        the job's spare pool (None when the job has no spares).
+        the job's spare pool (None when the job has no spares). A process
+        spawned as a new spare (Note [spare refill] in ``_spares.py``) gets
+        no communicator (None) and rank -1.
     """
     from ._watchdog import deadline
 
@@ -220,7 +230,7 @@ def _end_replacement(why: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _join() -> Tuple["MPI.Intracomm", int, JoinState, Any]:
+def _join() -> Tuple[Optional["MPI.Intracomm"], int, JoinState, Any]:
     try:
         parent = MPI.Comm.Get_parent()
         parent.Set_errhandler(MPI.ERRORS_RETURN)

@@ -30,6 +30,17 @@ Then every living pool member *rebuilds* together:
 At a clean finalize every worker sends each spare a release message; a spare
 that gets one leaves: ``init()`` ends the process with status 0 (code
 before ``init()`` runs on spares too; nothing after it does).
+
+# Note [spare refill]
+Once the spares are used up, every further failure costs a spawn (a new
+interpreter, imports, MPI_Init: 0.6-0.9 s here with two busy loops beside
+the job), and a rank that dies *during* a spawn wedges it in Open MPI (the
+survivors wait until RABIT_RECOVERY_TIMEOUT). So a rebuild that has to spawn
+anyway spawns the job's number of spares more (``target``), which join the
+pool as spares (role -1 in ``JoinState.spawned``): the next failure is served
+at once again, and in a burst only about every other failure needs a spawn.
+A rebuild served by spares alone spawns nothing (that would put a spawn's
+cost and risk on every failure).
 """
 
 from __future__ import annotations
@@ -69,11 +80,14 @@ class SparePool:
         pool: a communicator of every worker and spare (``errhandler`` set to
             return errors); the pool takes ownership.
         roles: each pool member's job rank, -1 for a spare.
+        target: the job's number of spares, restored when a rebuild has to
+            spawn (Note [spare refill]).
     """
 
-    def __init__(self, pool: "MPI.Intracomm", roles: List[int]) -> None:
+    def __init__(self, pool: "MPI.Intracomm", roles: List[int], target: int = 0) -> None:
         self.pool = pool
         self.roles = roles
+        self.target = target
 
     @classmethod
     def start(cls, spares: int) -> Tuple["SparePool", Optional["MPI.Intracomm"]]:
@@ -93,7 +107,7 @@ class SparePool:
         pool = world.Dup()
         pool.Set_errhandler(MPI.ERRORS_RETURN)
         roles = list(range(workers)) + [-1] * spares
-        return cls(pool, roles), _work_comm(pool, roles[pool.Get_rank()])
+        return cls(pool, roles, spares), _work_comm(pool, roles[pool.Get_rank()])
 
     # ------------------------------------------------------------ spare side
     def rebuild_as_spare(self) -> Optional[Tuple["MPI.Intracomm", int, JoinState]]:
@@ -192,6 +206,7 @@ class SparePool:
             try:
                 rebuilt = self._rebuild(job_rank, size, make_state, lost, times)
             except MPI.Exception as exc:
+                times.spawning = []
                 last = exc
                 log.info("pool rank %d: rebuilding after a failure failed (%s); retrying",
                          self.pool.Get_rank(), exc.Get_error_string())
@@ -213,7 +228,7 @@ class SparePool:
         shrunk = self.pool.Shrink()
         shrunk.Set_errhandler(MPI.ERRORS_RETURN)
         try:
-            gathered = shrunk.allgather((job_rank, size, lost))
+            gathered = shrunk.allgather((job_rank, size, lost, self.target))
             roles = [g[0] for g in gathered]
             workers = [i for i, r in enumerate(roles) if r >= 0]
             if not workers:
@@ -234,6 +249,9 @@ class SparePool:
             spawned = state.dead[len(spares):]
             pool = shrunk
             if spawned:
+                # Note [spare refill]: the leader's target decides (a spare's is 0).
+                times.spawning = list(spawned)
+                spawned = spawned + [-1] * gathered[leader][3]
                 t0 = time.perf_counter()
                 program, args = spawn_command()
                 inter = shrunk.Spawn(program, args=args, maxprocs=len(spawned), root=leader,
@@ -243,6 +261,7 @@ class SparePool:
                 pool.Set_errhandler(MPI.ERRORS_RETURN)
                 pool.bcast(dataclasses.replace(state, spawned=spawned), root=0)
                 _free(inter)
+                times.spawning = []
             t0 = time.perf_counter()
             me = shrunk.Get_rank()
             new_rank = job_rank if job_rank >= 0 else taken.get(me, -1)
@@ -276,12 +295,12 @@ def _work_comm(pool: "MPI.Intracomm", job_rank: int) -> Optional["MPI.Intracomm"
     return work
 
 
-def join_pool_as_spawned(merged: "MPI.Intracomm",
-                         my_rank: int) -> Tuple["MPI.Intracomm", SparePool]:
-    """A replacement spawned by a pool rebuild: finish the rebuild with the
-    pool (split, roles, agreement) and keep the pool."""
+def join_pool_as_spawned(merged: "MPI.Intracomm", my_rank: int
+                         ) -> Tuple[Optional["MPI.Intracomm"], SparePool]:
+    """A process spawned by a pool rebuild: finish the rebuild with the pool
+    (split, roles, agreement) and keep the pool. ``my_rank`` -1: spawned as a
+    new spare (Note [spare refill]); it gets no job communicator (None)."""
     rebuilt = SparePool._split(merged, my_rank)
-    assert rebuilt.work is not None
     return rebuilt.work, SparePool(rebuilt.pool, rebuilt.roles)
 
 

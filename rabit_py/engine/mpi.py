@@ -672,19 +672,30 @@ class MpiEngine(Engine):
                 sys.stderr.write(f"rabit_py: rank {self._rank}: the program is exiting "
                                  f"without finalize(); finalizing on its behalf failed: "
                                  f"{exc}\n")
+        try:
+            self._beat()    # the last counters, for rabit-run's summary
+        except Exception:  # noqa: BLE001 - a status report never breaks the exit
+            pass
         self._reporter.exited(self._clean_exit, self._broken or "")
 
     def _beat(self) -> None:
         """Watchdog thread: tell rabit-run where this rank is (Note [status folder])."""
         kind, version, seqno = self._token
-        state = ("done" if self._finalized else "repair" if self._repairing
+        spawning = self._spawning() if self._repairing else []
+        state = ("done" if self._finalized else "spawn" if spawning
+                 else "repair" if self._repairing
                  else "call" if self._watchdog is not None and self._watchdog.in_call
                  else "user")
-        self._reporter.beat(version, seqno, kind, state, *self._recovery_counts())
+        self._reporter.beat(version, seqno, kind, state, *self._recovery_counts(),
+                            spawning=spawning)
 
     def _recovery_counts(self) -> Tuple[int, int]:
         """(in-job recoveries, processes replaced) so far: none without recovery."""
         return 0, 0
+
+    def _spawning(self) -> List[int]:
+        """The ranks a repair is spawning processes for (none without recovery)."""
+        return []
 
     def _finalize_sync(self) -> None:
         self._sync(Kind.FINALIZE, None)

@@ -107,6 +107,12 @@ class RobustEngine(MpiEngine):
         pool: Optional[SparePool] = None
         if self.joined_as == "spawned":
             comm, _, state, pool = join_as_replacement(config.recovery_timeout)
+            if pool is not None:
+                pool.target = config.spares
+            if comm is None:
+                # Spawned as a new spare (Note [spare refill] in _spares.py).
+                comm, state = _serve_as_spare(pool, config)
+                self.joined_as = "spare"
         elif not ulfm_enabled():
             raise RabitError(
                 "engine='robust' needs MPI fault tolerance, which this job was started "
@@ -715,6 +721,9 @@ class RobustEngine(MpiEngine):
     def _recovery_counts(self) -> Tuple[int, int]:
         return self._recoveries, sum(self._trials.values())
 
+    def _spawning(self) -> List[int]:
+        return list(self.repair_times.spawning)
+
     def _after_deaths(self, dead: List[int]) -> Tuple[List[int], Dict[int, int]]:
         """Note [crash loop] counters once ``dead`` are replaced."""
         quick = dict(self._quick_deaths)
@@ -768,6 +777,7 @@ class RobustEngine(MpiEngine):
             raise self._give_up(exc)
         finally:
             self._repairing = False
+            self.repair_times.spawning = []
         self._use(*comms)
         self._membership += 1
         for c in old + (new,):
@@ -822,6 +832,8 @@ def _main_thread_stack() -> str:
 
 
 def _spare_reporter(config: Config) -> Reporter:
+    if is_replacement():    # a spawned spare: its world is the spawn's, named by PID
+        return Reporter(config.run_status_dir, f"spare-p{os.getpid()}")
     return Reporter(config.run_status_dir, f"spare-{MPI.COMM_WORLD.Get_rank()}")
 
 
