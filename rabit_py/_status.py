@@ -21,7 +21,9 @@ for a spare (W: its rank in ``MPI_COMM_WORLD``):
   the durable checkpoint may help) or ``bug`` (it would not: the program must
   change), then the reason;
 - ``NAME.ok`` / ``NAME.failed``: how the engine ended, as the process exits
-  (``failed`` holds the reason when one is known).
+  (``failed`` holds the reason when one is known);
+- ``job.done``: every rank of the job reached ``finalize`` together (written
+  by each rank that sees the folder, after the finalize agreement).
 
 Every write goes to a temporary name and is renamed, so a reader sees whole
 files only; the files are tiny and written rarely, so the folder may live on a
@@ -36,7 +38,7 @@ import os
 import socket
 from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 
-__all__ = ["Reporter", "Report", "read_reports", "process_alive", "RESTART", "BUG", "STATES"]
+__all__ = ["Reporter", "Report", "read_reports", "job_done", "process_alive", "RESTART", "BUG", "STATES"]
 
 RESTART = "restart"
 BUG = "bug"
@@ -94,6 +96,22 @@ class Reporter:
                 os.path.join(self.folder, f"{self.name}.fatal")):
             self._write("fatal", f"{category}\n{reason}\n")
 
+    def job_done(self, size: int) -> None:
+        """Every rank of the job (``size`` ranks) reached ``finalize``
+        together: ``job.done``, written by each rank that sees the folder, so
+        that rabit-run learns it even when most ranks run on hosts that
+        cannot see the folder (Note [several hosts] in ``launcher.py``)."""
+        if self.folder is None:
+            return
+        path = os.path.join(self.folder, "job.done")
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(f"{size}\n")
+            os.replace(tmp, path)
+        except OSError:
+            pass
+
     def exited(self, clean: bool, reason: str = "") -> None:
         """How the engine ended, as the process exits."""
         self._write("ok" if clean else "failed", reason)
@@ -122,6 +140,11 @@ class Report:
         return None if self.beat is None else self.beat[4]
 
 
+def job_done(folder: str) -> bool:
+    """Whether a rank wrote ``job.done`` in ``folder``."""
+    return os.path.exists(os.path.join(folder, "job.done"))
+
+
 def read_reports(folder: str) -> Dict[str, Report]:
     """Everything the processes reported in ``folder``, by name. Never raises."""
     reports: Dict[str, Report] = {}
@@ -131,7 +154,7 @@ def read_reports(folder: str) -> Dict[str, Report]:
         return reports
     for file in names:
         name, _, kind = file.rpartition(".")
-        if not name or file.endswith(".tmp"):
+        if not name or file.endswith(".tmp") or name == "job":
             continue
         report = reports.setdefault(name, Report())
         if kind == "started":

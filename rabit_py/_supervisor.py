@@ -58,9 +58,9 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
-from ._status import BUG, Report, process_alive, read_reports
+from ._status import BUG, Report, job_done, process_alive, read_reports
 
-__all__ = ["Attempt", "Outcome", "descendants", "kill_tree", "STATUS_DIR_VARIABLE"]
+__all__ = ["Attempt", "Outcome", "descendants", "kill_tree", "forwarded", "STATUS_DIR_VARIABLE"]
 
 STATUS_DIR_VARIABLE = "RABIT_RUN_STATUS_DIR"
 SIGNAL_GRACE_S = 10.0     # after Ctrl-C: time for mpirun to end the job itself
@@ -111,6 +111,17 @@ def descendants(pid: int) -> List[int]:
     return found
 
 
+def start_time(pid: int) -> Optional[str]:
+    """When process ``pid`` started (clock ticks since boot, from /proc), to
+    tell it from a later process given the same PID; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return None if fields[0] in (b"Z", b"X") else fields[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
 def kill_tree(pid: int) -> List[int]:
     """SIGKILL every descendant of ``pid`` (ranks run in process groups of
     their own), then ``pid``'s process group. ``pid`` is stopped first, so
@@ -142,6 +153,18 @@ def kill_tree(pid: int) -> List[int]:
     return killed
 
 
+def forwarded(cmd: List[str], env: Dict[str, str]) -> List[str]:
+    """``cmd`` (an mpirun command) with ``-x NAME`` for every ``RABIT_*``
+    variable of ``env`` and ``PYTHONPATH``: mpirun gives the ranks on other
+    hosts a clean environment (as sshd does), so the job's settings must be
+    named to reach them (Note [several hosts])."""
+    names = sorted(n for n in env if n.startswith("RABIT_") and "\n" not in env[n])
+    if env.get("PYTHONPATH"):
+        names.append("PYTHONPATH")
+    flags = [word for name in names for word in ("-x", name)]
+    return cmd[:1] + flags + cmd[1:]
+
+
 class Attempt:
     """One run of the job's mpirun under supervision (Note [supervision]).
 
@@ -155,15 +178,19 @@ class Attempt:
             (one node only: the folders exist on this host).
         status_parent: where to make the status folder (default: the
             system's temporary folder).
+        forward_env: add ``-x NAME`` to the mpirun command for each ``RABIT_*``
+            variable (and ``PYTHONPATH``), the status folder's included.
     """
 
     def __init__(self, cmd: List[str], ranks: int, env: Dict[str, str],
                  stall_timeout: Optional[float] = None, private_dirs: bool = True,
-                 status_parent: Optional[str] = None) -> None:
+                 status_parent: Optional[str] = None, forward_env: bool = False) -> None:
         self.cmd, self.ranks = cmd, ranks
         self.stall_timeout = stall_timeout
         self.status_dir = tempfile.mkdtemp(prefix="rabit-run-", dir=status_parent)
         self.env = {**env, STATUS_DIR_VARIABLE: self.status_dir}
+        if forward_env:
+            self.cmd = forwarded(cmd, self.env)
         self._made: List[str] = [self.status_dir]
         if private_dirs:
             session = tempfile.mkdtemp(prefix="rabit-run-ompi-")
@@ -176,12 +203,18 @@ class Attempt:
                     self.env.setdefault(f"OMPI_MCA_{name}", shm)
         self._host = socket.gethostname()
         self._pids_seen: Set[int] = set()
+        # Every process of the job seen while mpirun lived, with its start
+        # time: one that mpirun left behind (reparented to init when mpirun
+        # exited, so no longer its descendant) is ended too. Seen: a spare
+        # of a job that a rank's bug ended.
+        self._tree: Dict[int, str] = {}
         self._said: Set[str] = set()
 
     # ------------------------------------------------------------ running
     def run(self) -> Outcome:
         """Run the attempt to its end; every process it started has ended and
         its folders are removed when this returns."""
+        self._began = time.time()
         proc = subprocess.Popen(self.cmd, start_new_session=True, env=self.env)
         try:
             return self._supervise(proc)
@@ -191,7 +224,27 @@ class Attempt:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+            self._end_left_behind()
             self._clean_up()
+
+    def remember(self, pids: List[int]) -> None:
+        """Note processes of the job (see ``_tree``)."""
+        for pid in pids:
+            if pid not in self._tree:
+                started = start_time(pid)
+                if started is not None:
+                    self._tree[pid] = started
+
+    def _end_left_behind(self) -> None:
+        """SIGKILL the job's processes that outlived mpirun (the same
+        processes: same PID and start time)."""
+        for pid, started in self._tree.items():
+            if start_time(pid) == started:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    self._pids_seen.add(pid)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     def _supervise(self, proc: "subprocess.Popen[bytes]") -> Outcome:
         received: List[int] = []
@@ -245,10 +298,15 @@ class Attempt:
         watch.count(ranks)      # the last beats, written at exit
         clean = sum(1 for r in ranks.values() if r.ok and r.failed is None)
         fatal = {n: r.fatal for n, r in reports.items() if r.fatal}
+        failed = any(r.failed is not None for r in ranks.values())
+        # Note [several hosts] in launcher.py: ranks on hosts that cannot see
+        # the status folder report nothing; the ranks that can see it say
+        # whether every rank finalized (job.done).
+        everyone = clean >= self.ranks or (job_done(self.status_dir) and not failed)
         outcome = Outcome(code, started=any(r.started for r in ranks.values()),
                           recoveries=watch.recoveries, replaced=watch.replaced,
                           progressed=watch.longest_gap > 0)
-        all_clean = clean >= self.ranks and not fatal
+        all_clean = everyone and not fatal
         if all_clean and (code == 0 or code > 128 or stopped is not None):
             if code > 128 and stopped is None:
                 # Seen with --with-ft ulfm: a process that replaced a dead
@@ -296,6 +354,8 @@ class Attempt:
                     os.unlink(path)
                 except OSError:
                     pass
+        if self._made[1:]:         # private folders: one node
+            self._sweep_open_mpi_segments()
         for folder in self._made:
             for _ in range(10):
                 # A process that is still dying (or Open MPI removing its own
@@ -304,6 +364,48 @@ class Attempt:
                 if not os.path.exists(folder):
                     break
                 time.sleep(0.2)
+
+
+    def _sweep_open_mpi_segments(self) -> None:
+        """Open MPI shared-memory segments that the attempt's processes left
+        in /dev/shm despite the private folder (seen once in ten storm runs:
+        ``sm_segment.<host>...`` of a process of the job, made during the
+        attempt): this user's, made since the attempt began, mapped by no
+        process. Another job's live segment is always mapped by its owner."""
+        if not os.path.isdir("/dev/shm"):
+            return
+        uid = os.getuid()
+        found = []
+        for path in glob.glob(f"/dev/shm/sm_segment.{self._host}.*"):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if st.st_uid == uid and st.st_mtime >= self._began - 1:
+                found.append(path)
+        if not found:
+            return
+        mapped = _mapped_files()
+        for path in found:
+            if path not in mapped:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+
+def _mapped_files() -> Set[str]:
+    """Every file that some process maps (Linux /proc)."""
+    mapped: Set[str] = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                for line in f:
+                    if "/dev/shm/" in line:
+                        mapped.add(line.split(None, 5)[-1].strip().replace(" (deleted)", ""))
+        except OSError:
+            continue
+    return mapped
 
 
 class _Watch:
@@ -356,6 +458,7 @@ class _Watch:
                         f"{FATAL_GRACE_S:g} s")
             return None
         processes = descendants(mpirun)
+        self.attempt.remember(processes)
         # (c) every rank finalized, but the processes do not exit.
         clean = sum(1 for r in ranks.values() if r.ok and r.failed is None)
         if clean >= self.attempt.ranks:

@@ -18,17 +18,49 @@ a growing delay; the program sees the attempt number in
 
 With ``--spares k``, ``k`` more processes are started; they wait inside
 ``init()`` and take the place of ranks that die (Note [spares]).
+
+# Note [several hosts]
+With a host list (``--hostfile``, ``--host``, or a Slurm allocation of more
+than one node) rabit-run changes what it adds (seen across namespace hosts,
+shared/notes/multihost.md):
+
+- no ``--oversubscribe`` (PRRTE then put every rank on the first host in
+  some runs) but ``--map-by slot``, so ranks fill each host's slots in the
+  list's order; either can be given by the user instead;
+- ``-x NAME`` for every ``RABIT_*`` variable and ``PYTHONPATH`` (on one node
+  too): ranks on other hosts start with a clean environment, as sshd gives.
+  ``init()`` then checks that every rank has the same settings and fails
+  clearly otherwise (a rank without the checkpoint folder made the others
+  wait in ``load_checkpoint``);
+- ``--mca coll ^han``: Open MPI's HAN sums per host first, so the bits of a
+  SUM depend on which ranks share a host, and a replacement started on
+  another host would change the job's results. Without HAN the collectives'
+  order depends on rank numbers only;
+- after a failed attempt rabit-run probes each host of the list with a
+  one-process ``mpirun --host H:1 true`` (the user's MCA options, so the
+  same rsh agent): a host that does not answer within ``PROBE_TIMEOUT_S``
+  is left out of the next attempt's host list (PRRTE ends the whole job
+  when it loses a host, and a restart on the same list fails at launch
+  again and again), if the hosts left have slots enough for the job;
+- the status folder (Note [status folder]) goes to ``--status-dir`` or the
+  checkpoint folder's ``.rabit-run/``, which must be on a filesystem every
+  host shares for rabit-run to hear every rank. Without one, only the ranks
+  on this host report; they also write ``job.done`` once every rank reached
+  ``finalize`` together, so a job that lost a host is never taken for a
+  success while one of its ranks runs here.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -96,7 +128,7 @@ def split_args(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
         cut = argv.index("--")
         return argv[:cut], argv[cut + 1:]
     takes_value = {"-n", "-np", "--np", "-c", "--mpirun", "--max-restarts", "--checkpoint-dir",
-                   "--spares", "--stall-timeout",
+                   "--spares", "--stall-timeout", "--status-dir", "--map-by",
                    "--restart-delay", "--launcher", "--hostfile", "--machinefile", "--host",
                    "-H"}
     takes_two = {"--mca", "-mca", "--gmca", "-gmca"}     # --mca NAME VALUE
@@ -145,6 +177,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--restart-delay", type=float, default=1.0,
                         help="seconds before the first restart, doubled after each failed "
                              "attempt that made no progress (max 30)")
+    parser.add_argument("--status-dir",
+                        help="where the ranks report to rabit-run (default: this machine's "
+                             "temporary folder on one node; on several hosts the checkpoint "
+                             "folder's .rabit-run/, which must then be on a filesystem every "
+                             "host shares)")
     parser.add_argument("--stall-timeout", type=float, default=None,
                         help="end the job (and restart it, with --max-restarts) when no rank "
                              "made progress for this many seconds while every living rank "
@@ -192,7 +229,14 @@ def build_command(argv: Sequence[str], is_root: Optional[bool] = None,
     if open_mpi_5 is None:
         open_mpi_5 = not args.no_ft and _is_open_mpi_5(mpirun)
     with_ft = open_mpi_5 and not args.no_ft
-    cmd = [mpirun, "-n", str(args.np + args.spares), "--oversubscribe"]
+    one_node = _one_node(passthrough)
+    cmd = [mpirun, "-n", str(args.np + args.spares)]
+    if one_node:
+        cmd.append("--oversubscribe")
+    elif not _has_option(passthrough, "--map-by"):
+        # Note [several hosts]: with --oversubscribe PRRTE put every rank on
+        # the first host in some runs; slots follow the host list.
+        cmd += ["--map-by", "slot"]
     if is_root:
         cmd.append("--allow-run-as-root")
     if with_ft:
@@ -202,7 +246,11 @@ def build_command(argv: Sequence[str], is_root: Optional[bool] = None,
             parser.error("--spares needs in-job recovery, which needs Open MPI 5 (--with-ft "
                          "ulfm); this mpirun is not")
         cmd += ["-x", f"RABIT_SPARES={args.spares}"]   # -x reaches other nodes too
-    if with_ft and _one_node(passthrough) and not _sets_btl(passthrough):
+    if not one_node and not _sets_mca(passthrough, "coll"):
+        # Note [several hosts]: HAN's sums depend on which ranks share a host,
+        # so a replacement on another host would change the job's bits.
+        cmd += ["--mca", "coll", "^han"]
+    if with_ft and one_node and not _sets_mca(passthrough, "btl"):
         # The libfabric BTL spends about a second in MPI_Init where there is
         # no libfabric network, in every rank and in every replacement that
         # in-job recovery spawns (measured: a recovery took 1.28 s with it,
@@ -221,14 +269,138 @@ def _one_node(passthrough: Sequence[str]) -> bool:
     return not nodes.isdigit() or int(nodes) <= 1
 
 
-def _sets_btl(passthrough: Sequence[str]) -> bool:
-    """Whether the user chose the BTLs already (command line or environment)."""
-    return "OMPI_MCA_btl" in os.environ or any(
-        word == "btl" or word.startswith("btl=") for word in passthrough)
+def _sets_mca(passthrough: Sequence[str], name: str) -> bool:
+    """Whether the user set MCA parameter ``name`` already (command line or
+    environment)."""
+    return f"OMPI_MCA_{name}" in os.environ or any(
+        word == name or word.startswith(f"{name}=") for word in passthrough)
 
 
-def _run(cmd: List[str], ranks: int, env: Dict[str, str], stall_timeout: Optional[float],
-         private_dirs: bool) -> Outcome:
+def _has_option(passthrough: Sequence[str], option: str) -> bool:
+    return any(word == option or word.startswith(f"{option}=") for word in passthrough)
+
+
+@dataclasses.dataclass
+class _Launch:
+    """How each attempt is started (see Attempt)."""
+
+    cmd: List[str]
+    ranks: int
+    stall_timeout: Optional[float] = None
+    private_dirs: bool = True
+    status_parent: Optional[str] = None
+    forward_env: bool = False
+    processes: int = 0                   # ranks and spares
+    hosts: Optional[List[Tuple[str, Optional[int]]]] = None    # (host, slots) in order
+
+
+PROBE_TIMEOUT_S = 15.0
+_HOSTFILE_OPTIONS = ("--hostfile", "-hostfile", "--machinefile", "-machinefile")
+_HOST_OPTIONS = ("--host", "-host", "-H")
+
+
+def host_list(words: Sequence[str]) -> Optional[Tuple[int, int, List[Tuple[str, Optional[int]]]]]:
+    """The host list that ``words`` (an mpirun command or options) give:
+    (index of the option, words it takes, [(host, slots or None)]), or None.
+
+    Raises:
+        FileNotFoundError: the hostfile cannot be read.
+    """
+    for i, word in enumerate(words):
+        name, eq, value = word.partition("=")
+        if name not in _HOSTFILE_OPTIONS + _HOST_OPTIONS:
+            continue
+        taken = 1 if eq else 2
+        if not eq:
+            value = words[i + 1] if i + 1 < len(words) else ""
+        hosts: List[Tuple[str, Optional[int]]] = []
+        if name in _HOST_OPTIONS:
+            for item in value.split(","):
+                host, _, slots = item.partition(":")
+                hosts.append((host, int(slots) if slots.isdigit() else 1))
+        else:
+            with open(value) as f:
+                for line in f:
+                    fields = line.split("#", 1)[0].split()
+                    if not fields:
+                        continue
+                    slots = next((int(f.split("=", 1)[1]) for f in fields[1:]
+                                  if f.startswith("slots=") and f[6:].isdigit()), None)
+                    hosts.append((fields[0], slots))
+        return i, taken, hosts
+    return None
+
+
+def _probe_command(cmd: Sequence[str], host: str) -> List[str]:
+    """A one-process mpirun on ``host`` with ``cmd``'s MCA options."""
+    probe = [cmd[0], "-n", "1", "--host", f"{host}:1"]
+    i = 1
+    while i < len(cmd):
+        word = cmd[i]
+        if word in ("--mca", "-mca", "--prtemca", "--gmca", "-gmca"):
+            probe += cmd[i:i + 3]
+            i += 3
+            continue
+        if word in ("--allow-run-as-root",):
+            probe.append(word)
+        i += 1
+    return probe + ["true"]
+
+
+def reachable_hosts(cmd: Sequence[str], hosts: Sequence[str],
+                    timeout: float = PROBE_TIMEOUT_S) -> Dict[str, bool]:
+    """Probe every host at once (Note [several hosts]): whether MPI can
+    start a process there."""
+    from ._supervisor import kill_tree
+
+    procs = {h: subprocess.Popen(_probe_command(cmd, h), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+             for h in hosts}
+    deadline = time.monotonic() + timeout
+    answers: Dict[str, bool] = {}
+    for host, proc in procs.items():
+        try:
+            answers[host] = proc.wait(timeout=max(0.0, deadline - time.monotonic())) == 0
+        except subprocess.TimeoutExpired:
+            answers[host] = False
+        kill_tree(proc.pid)
+        proc.wait()
+    return answers
+
+
+def _leave_out_lost_hosts(launch: _Launch, folder: str) -> Optional[str]:
+    """After a failed attempt on several hosts: probe them and, if some are
+    lost, start the next attempt without them. Returns why the job cannot
+    be restarted (not slots enough), else None."""
+    if not launch.hosts or len(launch.hosts) < 2:
+        return None
+    answers = reachable_hosts(launch.cmd, [h for h, _ in launch.hosts])
+    lost = [h for h, ok in answers.items() if not ok]
+    if not lost:
+        return None
+    left = [(h, s) for h, s in launch.hosts if answers[h]]
+    slots = sum(s or 0 for _, s in left) if all(s for _, s in left) else None
+    if not left or (slots is not None and slots < launch.processes
+                    and "--oversubscribe" not in launch.cmd):
+        return (f"host(s) {', '.join(lost)} cannot be reached, and the hosts left "
+                f"({', '.join(h for h, _ in left) or 'none'}) have {slots or 0} slot(s) for "
+                f"{launch.processes} process(es): add hosts to the list, or restart with "
+                f"fewer ranks (possible with checkpoints that have no local models)")
+    print(f"rabit-run: host(s) {', '.join(lost)} cannot be reached (a one-process mpirun "
+          f"there failed or did not answer within {PROBE_TIMEOUT_S:g} s); the next attempt runs on "
+          f"{', '.join(h for h, _ in left)}", file=sys.stderr, flush=True)
+    hostfile = os.path.join(folder, f"hostfile-{len(os.listdir(folder))}")
+    with open(hostfile, "w") as f:
+        f.writelines(f"{h}{f' slots={s}' if s else ''}\n" for h, s in left)
+    found = host_list(launch.cmd)
+    assert found is not None
+    index, taken, _ = found
+    launch.cmd = launch.cmd[:index] + ["--hostfile", hostfile] + launch.cmd[index + taken:]
+    launch.hosts = left
+    return None
+
+
+def _run(launch: _Launch, env: Dict[str, str]) -> Outcome:
     """Run one attempt under supervision (Note [supervision] in ``_supervisor.py``).
 
     An mpirun that fails to start the job at all (PRRTE's exit status 213, no
@@ -236,10 +408,11 @@ def _run(cmd: List[str], ranks: int, env: Dict[str, str], stall_timeout: Optiona
     start", an intermittent PMIx fault) is started again, up to twice; it is
     not a failure of the job, and restarts are not spent on it.
     """
-    for launch in range(_LAUNCH_TRIES):
-        outcome = Attempt(cmd, ranks, env, stall_timeout, private_dirs).run()
+    for tries in range(_LAUNCH_TRIES):
+        outcome = Attempt(launch.cmd, launch.ranks, env, launch.stall_timeout,
+                          launch.private_dirs, launch.status_parent, launch.forward_env).run()
         if (outcome.code != LAUNCH_FAILED or outcome.interrupted or outcome.started
-                or launch == _LAUNCH_TRIES - 1):
+                or tries == _LAUNCH_TRIES - 1):
             return outcome
         print(f"rabit-run: mpirun could not start the job (exit status {outcome.code}, no "
               f"rank started); starting it again", file=sys.stderr, flush=True)
@@ -269,54 +442,84 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.checkpoint_dir:
         env["RABIT_CHECKPOINT_DIR"] = os.path.abspath(args.checkpoint_dir)
     _, passthrough = parser.parse_known_args(split_args(argv)[0])
-    private_dirs = args.launcher == "mpirun" and _one_node(passthrough)
-    return _run_with_restarts(cmd, args.np, args.max_restarts, args.restart_delay, env,
-                              args.stall_timeout, private_dirs)
+    one_node = _one_node(passthrough)
+    status_parent = args.status_dir
+    if status_parent is None and not one_node and args.checkpoint_dir:
+        status_parent = os.path.join(env["RABIT_CHECKPOINT_DIR"], ".rabit-run")
+    if status_parent is not None:
+        os.makedirs(status_parent, exist_ok=True)
+    elif not one_node:
+        print("rabit-run: the job runs on several hosts and its status folder is in this "
+              "machine's temporary folder: ranks on other hosts cannot report to rabit-run "
+              "(it then judges the job by what this host's ranks report); give "
+              "--checkpoint-dir or --status-dir on a filesystem every host shares",
+              file=sys.stderr, flush=True)
+    try:
+        found = host_list(cmd) if args.launcher == "mpirun" else None
+    except (OSError, IndexError) as exc:
+        print(f"rabit-run: cannot read the host list: {exc}", file=sys.stderr)
+        return 2
+    launch = _Launch(cmd, args.np, args.stall_timeout,
+                     private_dirs=args.launcher == "mpirun" and one_node,
+                     status_parent=status_parent, forward_env=args.launcher == "mpirun",
+                     processes=args.np + args.spares, hosts=found[2] if found else None)
+    return _run_with_restarts(launch, args.max_restarts, args.restart_delay, env)
 
 
 _LAUNCH_TRIES = 3
 
 
-def _run_with_restarts(cmd: List[str], ranks: int, max_restarts: int, delay: float,
-                       env: Dict[str, str], stall_timeout: Optional[float] = None,
-                       private_dirs: bool = True) -> int:
+def _run_with_restarts(launch: _Launch, max_restarts: int, delay: float,
+                       env: Dict[str, str]) -> int:
     """Run the job; start it again after a failure that a restart may cure,
-    up to ``max_restarts`` times; print a summary of what happened."""
+    up to ``max_restarts`` times (without the hosts that were lost, Note
+    [several hosts]); print a summary of what happened."""
     start = time.monotonic()
     failed_time = 0.0
     attempt = 0
     recoveries = replaced = 0
     streak = 0          # failed attempts in a row that made no progress
     reasons: List[str] = []
-    while True:
-        began = time.monotonic()
-        outcome = _run(cmd, ranks, {**env, "RABIT_RESTART_COUNT": str(attempt)}, stall_timeout,
-                       private_dirs)
-        recoveries += outcome.recoveries
-        replaced += outcome.replaced
-        code = outcome.code
-        if code == 0 or outcome.interrupted:
-            break
-        failed_time += time.monotonic() - began
-        reasons.append(outcome.why)
-        if not outcome.restartable:
-            print(f"rabit-run: the job failed: {outcome.why}; not restarting it (a restart "
-                  f"would repeat it)", file=sys.stderr, flush=True)
-            break
-        if attempt >= max_restarts:
-            if max_restarts:
-                print(f"rabit-run: the job failed ({outcome.why}) and {max_restarts} "
-                      f"restart(s) are used up; giving up", file=sys.stderr, flush=True)
-            break
-        attempt += 1
-        # An attempt that got further than it started resumes from a newer
-        # checkpoint: a failure again is a new fault, not a broken set-up, so
-        # the back-off starts over.
-        streak = 0 if outcome.progressed else streak + 1
-        wait = min(delay * 2 ** max(streak - 1, 0), 30.0)
-        print(f"rabit-run: the job failed ({outcome.why}); restart {attempt} of "
-              f"{max_restarts} in {wait:g} s", file=sys.stderr, flush=True)
-        time.sleep(wait)
+    folder: Optional[str] = None        # the hostfiles without the lost hosts
+    try:
+        while True:
+            began = time.monotonic()
+            outcome = _run(launch, {**env, "RABIT_RESTART_COUNT": str(attempt)})
+            recoveries += outcome.recoveries
+            replaced += outcome.replaced
+            code = outcome.code
+            if code == 0 or outcome.interrupted:
+                break
+            failed_time += time.monotonic() - began
+            reasons.append(outcome.why)
+            if not outcome.restartable:
+                print(f"rabit-run: the job failed: {outcome.why}; not restarting it (a "
+                      f"restart would repeat it)", file=sys.stderr, flush=True)
+                break
+            if attempt >= max_restarts:
+                if max_restarts:
+                    print(f"rabit-run: the job failed ({outcome.why}) and {max_restarts} "
+                          f"restart(s) are used up; giving up", file=sys.stderr, flush=True)
+                break
+            if launch.hosts:
+                folder = folder or tempfile.mkdtemp(prefix="rabit-run-hosts-")
+                cannot = _leave_out_lost_hosts(launch, folder)
+                if cannot is not None:
+                    print(f"rabit-run: the job failed ({outcome.why}); {cannot}; not "
+                          f"restarting it", file=sys.stderr, flush=True)
+                    break
+            attempt += 1
+            # An attempt that got further than it started resumes from a newer
+            # checkpoint: a failure again is a new fault, not a broken set-up,
+            # so the back-off starts over.
+            streak = 0 if outcome.progressed else streak + 1
+            wait = min(delay * 2 ** max(streak - 1, 0), 30.0)
+            print(f"rabit-run: the job failed ({outcome.why}); restart {attempt} of "
+                  f"{max_restarts} in {wait:g} s", file=sys.stderr, flush=True)
+            time.sleep(wait)
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     if attempt or recoveries:
         why = "".join(f"\n  restart {i + 1}: {r}" for i, r in enumerate(reasons[:attempt]))
         print(f"rabit-run: {attempt + 1} attempt(s), {time.monotonic() - start:.1f} s in all, "

@@ -43,6 +43,22 @@ pieces: node rank 0 applies it to every rank's whole input in rank order in
 an area of the segment grown to fit (collectively, when a larger array
 comes), the others copy the result.
 
+# Note [fixed groups]
+The bits of a hierarchical sum depend on the grouping: ``(a+b)+(c+d)`` is
+not ``((a+b)+c)+d``. Grouping ranks by the host they run on *now* made a job
+whose replacement started on another host compute other bits than a
+failure-free run (seen across namespace hosts). So the groups are the hosts
+of the job's *start* (``groups``: a group id per rank, computed at ``init``
+and handed to replacements through the reducer's creation), kept for the
+job's life. A group whose ranks no longer share one host reduces over MPI
+instead of shared memory, in the same order: every rank's part is sent to
+its owner (``Alltoallv``), reduced there in rank order, and gathered back
+(``Allgatherv``), which gives the shared-memory path's bits exactly, since
+either way each element is the left fold of the group's values in rank
+order. Across groups the leaders' MPI allreduce depends on the group count
+and rank numbers only (with Open MPI's HAN off: rabit-run turns it off on
+several hosts).
+
 Waiting is spinning on the flags (yielding the CPU after a few hundred
 reads, so oversubscribed ranks still progress). A rank that dies while its
 peers wait must not leave them spinning: every few milliseconds the waiters
@@ -54,20 +70,22 @@ MPI error, which the engine turns into recovery, ``RecoveryError`` or
 
 from __future__ import annotations
 
+import collections
 import itertools
 import mmap
 import os
 import platform
 import tempfile
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
+from mpi4py.util.dtlib import from_numpy_dtype
 
 from .._status import process_alive
 from ._mpistart import MPI
 
-__all__ = ["NodeReducer", "UFUNCS", "SUPPORTED"]
+__all__ = ["NodeReducer", "UFUNCS", "SUPPORTED", "host_groups"]
 
 _LINE = 64                              # bytes per flag (one cache line each)
 _FLAG_BYTES = 2 * _LINE                 # "in" and "out" flags of one rank
@@ -86,6 +104,15 @@ UFUNCS = {0: np.maximum, 1: np.minimum, 2: np.add, 3: np.bitwise_or, 4: np.multi
           5: np.bitwise_and, 6: np.bitwise_xor}
 
 
+def host_groups(hosts: Sequence[str], node_size: int = 0) -> List[int]:
+    """The group of each rank (Note [fixed groups]): the smallest rank on the
+    same host, or ``rank // node_size`` for pseudo-nodes of ``node_size``."""
+    if node_size > 0:
+        return [rank // node_size for rank in range(len(hosts))]
+    first: dict = {}
+    return [first.setdefault(host, rank) for rank, host in enumerate(hosts)]
+
+
 class NodeReducer:
     """The shared-memory allreduce of one communicator (Note [shm allreduce]).
 
@@ -93,20 +120,19 @@ class NodeReducer:
 
     Args:
         comm: the engine's communicator.
-        node_size: ranks per pseudo-node (0: the real nodes, by shared memory).
+        groups: the group ("node") of each rank, fixed for the job's life
+            (Note [fixed groups]); see :func:`host_groups`.
         chunk_bytes: bytes of one pipeline chunk (per rank: a slot and a
             result area of this size).
         interrupted: returns an MPI error class when the wait must end (the
             watchdog fired, the communicator was revoked), else None.
     """
 
-    def __init__(self, comm: Any, node_size: int = 0, chunk_bytes: int = 1 << 20,
+    def __init__(self, comm: Any, groups: Sequence[int], chunk_bytes: int = 1 << 20,
                  interrupted: Optional[Callable[[], Optional[int]]] = None) -> None:
         rank = comm.Get_rank()
-        if node_size > 0:
-            self.node = comm.Split(rank // node_size, rank)
-        else:
-            self.node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        self.groups = list(groups)
+        self.node = comm.Split(self.groups[rank], rank)
         self.node.Set_errhandler(MPI.ERRORS_RETURN)
         self.node_rank = self.node.Get_rank()
         self.node_size = self.node.Get_size()
@@ -114,16 +140,27 @@ class NodeReducer:
         self.leaders = leaders if leaders != MPI.COMM_NULL else None
         if self.leaders is not None:
             self.leaders.Set_errhandler(MPI.ERRORS_RETURN)
-        self.nodes = comm.allreduce(1 if self.node_rank == 0 else 0, op=MPI.SUM)
+        self.nodes = len(set(self.groups))
         #: The largest node: 1 means no rank shares a node (nothing to gain).
-        self.max_node_size = comm.allreduce(self.node_size, op=MPI.MAX)
+        self.max_node_size = max(collections.Counter(self.groups).values())
+        # Note [fixed groups]: whether this group still shares one host.
+        self.colocated = bool(self.node.allreduce(int(self._shares_one_host()), op=MPI.MIN))
         self.pids: List[int] = self.node.allgather(os.getpid())
         self.chunk = max(_LINE, chunk_bytes // _LINE * _LINE)
         self._interrupted = interrupted or (lambda: None)
         self._seq = 0
         self._capacity = 0
         self._map: Optional[mmap.mmap] = None
-        self._allocate(0)
+        if self.colocated:
+            self._allocate(0)
+
+    def _shares_one_host(self) -> bool:
+        """Whether this rank shares a host with every rank of its group
+        (collective on the group)."""
+        shared = self.node.Split_type(MPI.COMM_TYPE_SHARED, key=self.node_rank)
+        together = shared.Get_size() == self.node_size
+        shared.Free()
+        return together
 
     # ------------------------------------------------------------ segment
     def _allocate(self, custom_bytes: int) -> None:
@@ -215,7 +252,9 @@ class NodeReducer:
         """
         # MPI reduces overflowing or NaN values silently: so do we.
         with np.errstate(all="ignore"):
-            if self.node_size > _DIRECT_MAX_RANKS:
+            if self.node_size > 1 and not self.colocated:
+                self._node_allreduce_mpi(flat, ufunc)
+            elif self.node_size > _DIRECT_MAX_RANKS:
                 self._node_allreduce(flat, ufunc)
             elif self.node_size > 1:
                 self._node_allreduce_direct(flat, ufunc)
@@ -229,7 +268,19 @@ class NodeReducer:
         Raises:
             MPI.Exception: as :meth:`allreduce`.
         """
-        if self.node_size > 1:
+        if self.node_size > 1 and not self.colocated:
+            # Note [fixed groups]: the same fold, over MPI.
+            flat = data.reshape(-1)
+            everyone = np.empty((self.node_size, flat.size), dtype=data.dtype) \
+                if self.node_rank == 0 else None
+            self.node.Gather(flat, everyone, root=0)
+            if self.node_rank == 0:
+                acc = data
+                for q in range(1, self.node_size):
+                    acc = np.asarray(fn(acc, everyone[q].reshape(data.shape)))
+                np.copyto(data, acc, casting="unsafe")
+            self.node.Bcast(flat, root=0)
+        elif self.node_size > 1:
             nbytes = data.nbytes
             if nbytes > self._capacity:
                 self._allocate(nbytes)
@@ -298,6 +349,24 @@ class NodeReducer:
                     a, b = bounds[q], bounds[q + 1]
                     theirs = self._result[q][:(b - a) * item].view(dtype)
                     np.copyto(flat[start + a:start + b], theirs)
+
+    def _node_allreduce_mpi(self, flat: np.ndarray, ufunc: Any) -> None:
+        """A group whose ranks are on several hosts (Note [fixed groups]):
+        each rank reduces its part over the group in rank order, as
+        :meth:`_node_allreduce` does through shared memory."""
+        size, me = self.node_size, self.node_rank
+        bounds = [flat.size * q // size for q in range(size + 1)]
+        counts = [bounds[q + 1] - bounds[q] for q in range(size)]
+        mine = counts[me]
+        datatype = from_numpy_dtype(flat.dtype)
+        rows = np.empty((size, mine), dtype=flat.dtype)
+        self.node.Alltoallv([flat, (counts, bounds[:-1]), datatype],
+                            [rows, ([mine] * size, [mine * q for q in range(size)]), datatype])
+        result = np.empty(mine, dtype=flat.dtype)
+        ufunc(rows[0], rows[1], out=result)
+        for q in range(2, size):
+            ufunc(result, rows[q], out=result)
+        self.node.Allgatherv(result, [flat, (counts, bounds[:-1]), datatype])
 
     def _node_allreduce_direct(self, flat: np.ndarray, ufunc: Any) -> None:
         """Few ranks (Note [shm allreduce], direct variant): every rank copies

@@ -11,6 +11,7 @@ overrides :meth:`MpiEngine._peer_failed`).
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import pickle
@@ -33,7 +34,7 @@ from ..ops import CustomOp, Op, OpLike, dtype_code
 from ._broadcast import (ARRAY, DEVICE, ERROR, HEADER_LEN, INLINE_DIMS, array_header,
                          header_dtype, inline_shape, root_header)
 from ._shm import SUPPORTED as SHM_SUPPORTED
-from ._shm import UFUNCS, NodeReducer
+from ._shm import UFUNCS, NodeReducer, host_groups
 from ._signature import (N_FIELDS, OBJECT, Call, Kind, agrees, call_signature, call_values,
                          describe_mismatch, fill_vector, mismatched_fields)
 from ._validate import check_allgather, check_allreduce, check_array_broadcast, check_root
@@ -61,6 +62,50 @@ _NO_LAZY = object()
 
 
 
+# Settings that may differ from rank to rank (everything else must agree).
+_PER_RANK_SETTINGS = frozenset({"log_level"})
+
+
+def _check_same_settings(comm: Any, config: Config) -> List[str]:
+    """At start-up, collectively: every rank must run with the same settings
+    (on several hosts a ``RABIT_*`` variable that was not forwarded leaves
+    some ranks without it; seen: ranks without the checkpoint folder, and the
+    others waiting for them in ``load_checkpoint`` until the timeout).
+    Returns each rank's host (for Note [fixed groups] in ``_shm.py``).
+
+    Raises:
+        RabitError: on every rank, naming each setting that differs and which
+            ranks have which value.
+    """
+    mine = {k: v for k, v in dataclasses.asdict(config).items() if k not in _PER_RANK_SETTINGS}
+    gathered = comm.allgather((mine, MPI.Get_processor_name()))
+    everyone = [g[0] for g in gathered]
+    differ = []
+    for name in mine:
+        holders: Dict[str, List[int]] = {}
+        for rank, settings in enumerate(everyone):
+            holders.setdefault(repr(settings.get(name)), []).append(rank)
+        if len(holders) > 1:
+            values = "; ".join(f"{value} on rank(s) {_ranks(ranks)}"
+                               for value, ranks in holders.items())
+            differ.append(f"{name} (RABIT_{name.upper()}): {values}")
+    if differ:
+        message = (f"rank {comm.Get_rank()}: the ranks were started with different rabit_py "
+                   f"settings: {' | '.join(differ)}. Settings come from RABIT_* variables and "
+                   f"init() arguments and must be the same on every rank: across hosts, "
+                   f"forward the variables (rabit-run does; with mpirun add -x RABIT_NAME for "
+                   f"each)")
+        # A restart would start the job the same way.
+        Reporter.for_rank(config.run_status_dir, comm.Get_rank()).fatal(BUG, message)
+        raise RabitError(message)
+    return [g[1] for g in gathered]
+
+
+def _ranks(ranks: List[int]) -> str:
+    return ", ".join(map(str, ranks)) if len(ranks) <= 8 else \
+        f"{', '.join(map(str, ranks[:8]))} and {len(ranks) - 8} more"
+
+
 def ulfm_enabled() -> bool:
     """Whether this process runs with MPI fault tolerance (ULFM).
 
@@ -83,7 +128,8 @@ class MpiEngine(Engine):
         TypeError: ``comm`` is not an mpi4py intra-communicator.
     """
 
-    def __init__(self, config: Config, comm: Optional[Any] = None) -> None:
+    def __init__(self, config: Config, comm: Optional[Any] = None,
+                 check_settings: bool = True) -> None:
         base = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(base, MPI.Intracomm) or base == MPI.COMM_NULL:
             raise TypeError(f"comm must be an mpi4py intra-communicator (e.g. MPI.COMM_WORLD "
@@ -95,6 +141,11 @@ class MpiEngine(Engine):
                       lambda _: _abort_init(base, Reporter.for_rank(config.run_status_dir, rank),
                                             rank, config.timeout), "init"):
             self._adopt(base)
+            hosts = (_check_same_settings(self._comm, config)
+                     if check_settings and self._size > 1 else None)
+        # Note [fixed groups] in _shm.py: the hosts of the job's start.
+        self._groups: Optional[List[int]] = (host_groups(hosts, config.node_size)
+                                             if hosts else None)
         self._ulfm = ulfm_enabled()
         self._check = config.check and self._size > 1
         self._version = 0
@@ -322,8 +373,8 @@ class MpiEngine(Engine):
         if not self._config.shm or not SHM_SUPPORTED or data.nbytes < max(1, threshold):
             return False
         if self._shm is None:
-            self._shm = NodeReducer(self._comm, self._config.node_size,
-                                    interrupted=self._shm_interrupted)
+            self._groups = self._agreed_groups()
+            self._shm = NodeReducer(self._comm, self._groups, interrupted=self._shm_interrupted)
             if self._shm.max_node_size == 1:
                 log.debug("rank %d: one rank per node: shared-memory allreduce off", self._rank)
         if self._shm.max_node_size == 1:
@@ -331,6 +382,17 @@ class MpiEngine(Engine):
         # A non-commutative reducer must see the ranks in order, which node
         # blocks need not be: MPI keeps it when the job spans nodes.
         return not (isinstance(op, CustomOp) and not op.commute and self._shm.nodes > 1)
+
+    def _agreed_groups(self) -> List[int]:
+        """Note [fixed groups] in ``_shm.py``: the groups of the job's start,
+        which a replacement learns from the survivors (collective)."""
+        known = np.full(self._size, -1, dtype=np.int64) if self._groups is None \
+            else np.array(self._groups, dtype=np.int64)
+        self._comm.Allreduce(MPI.IN_PLACE, known, op=MPI.MAX)
+        if known[0] < 0:        # nobody knew (no start-up exchange): the hosts now
+            return host_groups(self._comm.allgather(MPI.Get_processor_name()),
+                               self._config.node_size)
+        return [int(g) for g in known]
 
     def _allreduce_shm(self, data: np.ndarray, op: OpLike) -> None:
         """``data`` is C-contiguous: check_allreduce refuses anything else."""
@@ -635,6 +697,7 @@ class MpiEngine(Engine):
             if self._broken is None:
                 self._finalize_sync()
                 self._clean_exit = store_error is None
+                self._reporter.job_done(self._size)
                 if self._store is not None and store_error is None:
                     self._final_prune()
         finally:

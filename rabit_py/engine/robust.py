@@ -135,7 +135,9 @@ class RobustEngine(MpiEngine):
                 comm, state = _serve_as_spare(pool, config)
                 self.joined_as = "spare"
         replacement = self.joined_as != "start"
-        super().__init__(config, comm)
+        # A replacement's settings come from its spawner (Note [repair]), and
+        # only the job's start has every rank in the check.
+        super().__init__(config, comm, check_settings=not replacement)
         if replacement:
             # The survivors agree that every rank made its communicators
             # (RobustEngine._duplicate_repaired); ours are made.
@@ -651,11 +653,34 @@ class RobustEngine(MpiEngine):
             # revoked collective (Note [revoked success]) raises before
             # _check_revoked can run (seen: UnpicklingError: invalid load
             # key '\x00').
-            if not agreement and self._ulfm and self._comm.Is_revoked():
+            if not agreement and self._ulfm and self._interrupted_by_failure():
                 raise self._failure(MPI.Exception(_ERR_REVOKED)) from exc
             raise
         finally:
             self._leave()
+
+    def _interrupted_by_failure(self, wait: float = 1.0) -> bool:
+        """After a collective raised outside MPI (mpi4py unpickling half a
+        message): whether a peer failed or the communicator was revoked. The
+        revoke can come a moment after the call returned (seen in a storm:
+        UnpicklingError on one rank at the disk resume, MPI_ERR_REVOKED on
+        the others 11 ms later), so this waits up to ``wait`` s for either;
+        only this error path pays it."""
+        deadline = time.monotonic() + wait
+        while True:
+            if self._comm.Is_revoked():
+                return True
+            try:
+                failed = self._comm.Get_failed()
+                count = failed.Get_size()
+                failed.Free()
+            except MPI.Exception:
+                return True
+            if count > 0:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
 
     def _failure(self, exc: "MPI.Exception") -> BaseException:
         error_class = exc.Get_error_class()

@@ -159,3 +159,72 @@ def test_custom_reducers_take_shared_memory_from_256_kib_by_default(session):
     rabit.allreduce(large, Op.create(add))
     assert (small == SIZE * (SIZE + 1) / 2).all() and (large == SIZE * (SIZE + 1) / 2).all()
     assert (rabit.api._engine._shm is not None) == (SIZE > 1)
+
+
+# ---------------------------------------------------------------- fixed groups
+def _reducers(groups):
+    """The shared-memory reducer of ``groups`` and one whose groups are taken
+    for split across hosts (Note [fixed groups]: a replacement started on
+    another host), which reduces over MPI instead."""
+    from rabit_py.engine._shm import NodeReducer
+
+    class SplitAcrossHosts(NodeReducer):
+        def _shares_one_host(self):
+            return self.node_size == 1
+
+    comms = [WORLD.Dup(), WORLD.Dup()]
+    return NodeReducer(comms[0], groups), SplitAcrossHosts(comms[1], groups), comms
+
+
+def _group_layouts():
+    layouts = [[0] * SIZE]
+    if SIZE >= 4:
+        layouts += [[0, 0, 2, 2] + [4] * (SIZE - 4), [0, 0, 0, 3] + [4] * (SIZE - 4)]
+    return layouts
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs 2 ranks")
+@pytest.mark.parametrize("groups", _group_layouts(), ids=lambda g: "-".join(map(str, g)))
+def test_a_group_split_across_hosts_gives_the_same_bits(groups):
+    from mpi4py import MPI
+
+    from rabit_py.engine._shm import SUPPORTED, UFUNCS
+    from rabit_py.engine.mpi import _BOOL_OPS, _MPI_OPS
+
+    if not SUPPORTED:
+        pytest.skip("the shared-memory path is off on this architecture")
+    local, split, comms = _reducers(groups)
+    try:
+        assert local.colocated and (split.colocated == (split.node_size == 1))
+        assert (local.nodes, local.max_node_size) == (split.nodes, split.max_node_size)
+        shape = (3, 40_001)
+        for op, dtype in CASES:
+            results = []
+            for reducer in (local, split):
+                data = rank_input(RANK, dtype, op, shape).reshape(-1)
+                table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
+                reducer.allreduce(data, UFUNCS[op], lambda leaders, data=data: leaders.Allreduce(
+                    MPI.IN_PLACE, data, op=table[op]))
+                results.append(data.tobytes())
+            assert results[0] == results[1], (op, dtype, groups)
+
+        def first_nonzero(a, b):
+            return np.where(a != 0, a, b)
+
+        results = []
+        for reducer in (local, split):
+            data = np.zeros((40, 70))
+            data[RANK::SIZE] = RANK + 1
+            reducer.allreduce_custom(data, first_nonzero, lambda leaders: None)
+            results.append(data.copy())
+        if local.nodes == 1:
+            want = np.zeros((40, 70))
+            for r in range(SIZE):
+                want[r::SIZE] = r + 1
+            assert np.array_equal(results[0], want)
+        assert results[0].tobytes() == results[1].tobytes()
+    finally:
+        for reducer in (local, split):
+            reducer.free()
+        for comm in comms:
+            comm.Free()

@@ -279,3 +279,82 @@ def test_restart_count_is_given_to_each_attempt(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "restart 2 of 2" in err and "2 restart(s) are used up; giving up" in err
     assert "rabit-run: 3 attempt(s)" in err
+
+
+# ---------------------------------------------------------------- several hosts
+def test_several_hosts_follow_the_slots_and_get_every_setting(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a slots=2\nb slots=2  # rack 2\n\n")
+    cmd = launcher.build_command(["-n", "4", "--hostfile", str(hosts), "prog"], is_root=False,
+                                 open_mpi_5=True)
+    assert "--oversubscribe" not in cmd
+    assert cmd[cmd.index("--map-by") + 1] == "slot"
+    assert ["--mca", "coll", "^han"] == cmd[cmd.index("coll") - 1:cmd.index("coll") + 2]
+    assert "^ofi" not in cmd
+    # The user's own choices win.
+    cmd = launcher.build_command(["-n", "4", "--host", "a:2,b:2", "--oversubscribe",
+                                  "--map-by", "node", "--mca", "coll", "^tuned", "prog"],
+                                 is_root=False, open_mpi_5=True)
+    assert cmd.count("--map-by") == 1 and "^han" not in cmd and "--oversubscribe" in cmd
+    assert launcher.host_list(cmd)[2] == [("a", 2), ("b", 2)]
+    found = launcher.host_list(["mpirun", f"--hostfile={hosts}", "prog"])
+    assert found == (1, 1, [("a", 2), ("b", 2)])
+    # One machine: as before.
+    cmd = launcher.build_command(["-n", "2", "prog"], is_root=False, open_mpi_5=True)
+    assert "--oversubscribe" in cmd and "--map-by" not in cmd and "^han" not in cmd
+
+
+def test_settings_are_forwarded_to_every_host():
+    from rabit_py._supervisor import forwarded
+
+    cmd = forwarded(["mpirun", "-n", "2", "prog"],
+                    {"RABIT_TIMEOUT": "5", "PYTHONPATH": "/x", "HOME": "/root",
+                     "RABIT_CHECKPOINT_DIR": "/shared/ck"})
+    assert cmd == ["mpirun", "-x", "RABIT_CHECKPOINT_DIR", "-x", "RABIT_TIMEOUT", "-x",
+                   "PYTHONPATH", "-n", "2", "prog"]
+
+
+def test_a_lost_host_is_left_out_of_the_next_attempt(tmp_path, capsys):
+    # A stand-in mpirun: the job fails while host b is in the list; a probe
+    # of host b (one process there) fails; the next attempt gets a hostfile
+    # without b and succeeds.
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a slots=2\nb slots=2\nc slots=2\n")
+    log = tmp_path / "log"
+    fake = tmp_path / "mpirun"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {log}\n'
+        'case "$*" in\n'
+        '  *"--host b:1"*) exit 1 ;;\n'          # the probe of the lost host
+        '  *"--host "*) exit 0 ;;\n'             # the probes of the others
+        "esac\n"
+        'for w in "$@"; do if [ "$prev" = "--hostfile" ]; then f="$w"; fi; prev="$w"; done\n'
+        'if grep -q "^b" "$f"; then exit 1; fi\n'
+        "exit 0\n")
+    fake.chmod(0o755)
+    code = launcher.main(["-n", "4", "--no-ft", "--mpirun", str(fake), "--hostfile", str(hosts),
+                          "--max-restarts", "1", "--restart-delay", "0", "--", "prog"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "host(s) b cannot be reached" in err and "the next attempt runs on a, c" in err
+    lines = log.read_text().splitlines()
+    assert any("--host b:1" in line and line.endswith("true") for line in lines)
+    assert str(hosts) in lines[0] and str(hosts) not in lines[-1]
+
+
+def test_too_few_slots_left_after_a_host_loss_is_said_clearly(tmp_path, capsys):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a slots=2\nb slots=2\n")
+    fake = tmp_path / "mpirun"
+    fake.write_text("#!/bin/sh\n"
+                    'case "$*" in *"--host b:1"*) exit 1 ;; *"--host "*) exit 0 ;; esac\n'
+                    "exit 1\n")
+    fake.chmod(0o755)
+    code = launcher.main(["-n", "4", "--no-ft", "--mpirun", str(fake), "--hostfile", str(hosts),
+                          "--max-restarts", "3", "--restart-delay", "0", "--", "prog"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert ("host(s) b cannot be reached, and the hosts left (a) have 2 slot(s) for 4 "
+            "process(es)" in err), err
+    assert "restart 1 of 3" not in err

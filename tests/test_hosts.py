@@ -1,0 +1,81 @@
+"""Several hosts: settings that differ between ranks fail clearly at init; and,
+where network namespaces can be made (root), a job across namespace hosts
+(scripts/cluster_demo.py) compared bitwise with a run on one machine: failure
+free, a rank killed, a whole host killed, a frozen host."""
+
+import sys
+
+import pytest
+
+from ._proc import ROOT, run
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import cluster_demo  # noqa: E402
+
+CAN_MAKE_HOSTS, WHY_NOT = cluster_demo.can_make_hosts()
+
+
+def test_ranks_with_different_settings_fail_at_init_naming_them():
+    # As on a host that did not get RABIT_TIMEOUT and RABIT_CHECKPOINT_DIR.
+    program = ("import os\n"
+               "if os.environ['OMPI_COMM_WORLD_RANK'] == '1':\n"
+               "    os.environ['RABIT_TIMEOUT'] = '5'\n"
+               "    os.environ.pop('RABIT_CHECKPOINT_DIR', None)\n"
+               "import rabit_py as r\n"
+               "try:\n"
+               "    r.init()\n"
+               "except r.RabitError as e:\n"
+               "    print('REFUSED', r.__name__, str(e), flush=True)\n"
+               "    raise\n")
+    cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", "3", "--max-restarts", "2",
+           "--restart-delay", "0", "--", sys.executable, "-c", program]
+    code, out = run(cmd, timeout=120, env={"RABIT_CHECKPOINT_DIR": "/tmp/rabit-settings-ck",
+                                           "RABIT_TIMEOUT": "60"})
+    assert code != 0
+    refused = [line for line in out.splitlines() if line.startswith("REFUSED")]
+    assert len(refused) == 3, out
+    for line in refused:
+        assert "the ranks were started with different rabit_py settings" in line
+        assert "timeout (RABIT_TIMEOUT): 60.0 on rank(s) 0, 2; 5.0 on rank(s) 1" in line
+        assert ("checkpoint_dir (RABIT_CHECKPOINT_DIR): '/tmp/rabit-settings-ck' on rank(s) "
+                "0, 2; None on rank(s) 1") in line
+    # A bug, not a fault: rabit-run does not restart it.
+    assert "not restarting it" in out and "restart 1 of 2" not in out, out[-3000:]
+
+
+RANKS, ROUNDS = 4, 6
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return cluster_demo.reference(RANKS, ROUNDS)[0]
+
+
+def assert_one_machine_bits(record, reference):
+    assert record["status"] == 0, record["output"][-6000:]
+    assert sorted(record["results"]) == list(range(RANKS)), record["output"][-6000:]
+    for rank, r in record["results"].items():
+        want = reference[rank]
+        assert (r["model"], r["local"], r["version"]) == \
+            (want["model"], want["local"], want["version"]), f"rank {rank} differs"
+
+
+needs_hosts = pytest.mark.skipif(not CAN_MAKE_HOSTS, reason=f"namespace hosts: {WHY_NOT}")
+
+
+@needs_hosts
+@pytest.mark.parametrize("scenario", ["clean", "kill-rank", "kill-host", "freeze-host"])
+def test_a_job_across_namespace_hosts_gives_the_one_machine_bits(reference, scenario):
+    # 3 hosts of 2 slots, 4 ranks on the first two; the shared-memory path on
+    # for every size, so the fixed groups are used (Note [fixed groups]).
+    with cluster_demo.Hosts(3, 2) as hosts:
+        record = cluster_demo.run_scenario(hosts, scenario, RANKS, ROUNDS, timeout=240)
+    assert_one_machine_bits(record, reference)
+    out = record["output"]
+    if scenario == "kill-rank":
+        # Recovered in the job; or, when Open MPI's repair across hosts hangs
+        # (seen in 1 of 3 runs: Shrink did not return), by a restart after
+        # the collective timeout (30 s here).
+        assert "replaced rank(s) [3]" in out or "restart 1 of 2" in out, out[-6000:]
+    if scenario in ("kill-host", "freeze-host"):
+        assert "cannot be reached" in out and "restart 1 of 2" in out, out[-6000:]
