@@ -1,6 +1,6 @@
 """A cluster on one machine: rabit-run across hosts made of network namespaces.
 
-    sudo python scripts/cluster_demo.py [--hosts 3] [--slots 2] [--ranks 4] [--rounds 8]
+    sudo python scripts/cluster_demo.py [--hosts 3] [--slots 2] [--ranks 4] [--rounds 8] [--bench]
                                         [--scenario all|clean|kill-rank|kill-host|freeze-host]
                                         [--json out.json]
 
@@ -26,6 +26,11 @@ alone (no namespaces):
 - ``freeze-host``: the second host's network cut and its processes stopped;
   the job must not hang: the collective timeout ends the attempt, and the
   restart leaves the host out.
+
+``--bench`` times an allreduce across the hosts instead, side by side: MPI
+with HAN off (what rabit-run uses on several hosts), MPI with HAN on (the
+layout-dependent choice), and rabit_py's shared-memory path per host with
+MPI between hosts (Note [fixed groups]); it prints a table with the ratios.
 
 Needs root (``ip netns``). Everything it makes (namespaces, a bridge,
 ``/etc/netns/<host>``, folders) is removed at the end, however it ends.
@@ -310,6 +315,61 @@ def run_scenario(hosts: Hosts, name: str, ranks: int, rounds: int,
             "results": _results("".join(lines)), "output": "".join(lines)}
 
 
+BENCH_PROGRAM = """
+import json, sys, time
+import numpy as np
+import rabit_py as r
+r.init()
+out = {}
+for n in (1 << 10, 1 << 17, 1 << 21):
+    x = np.ones(n)
+    for _ in range(3):
+        r.allreduce(x, r.Op.SUM)
+    times = []
+    for _ in range(int(sys.argv[1])):
+        start = time.perf_counter()
+        r.allreduce(x, r.Op.SUM)
+        times.append(time.perf_counter() - start)
+    out[n * 8] = sorted(times)[len(times) // 2]
+if r.get_rank() == 0:
+    print("BENCH " + json.dumps(out), flush=True)
+r.finalize()
+"""
+
+# (name, rabit-run options, environment): how a SUM crosses the hosts.
+BENCH_VARIANTS = [
+    ("MPI, HAN off (rabit-run's default on several hosts)", [], {}),
+    ("MPI, HAN on (bits depend on the layout)", ["--mca", "coll", "^hcoll"], {}),
+    ("rabit_py shared memory per host + MPI (fixed groups)", [], {"RABIT_SHM_MIN_BYTES": "1"}),
+]
+
+
+def bench(hosts: Hosts, ranks: int, reps: int = 30) -> List[dict]:
+    """Median allreduce times across the hosts for each variant, side by side."""
+    rows = []
+    for name, options, env in BENCH_VARIANTS:
+        cmd = hosts.rabit_run(ranks, [sys.executable, "-c", BENCH_PROGRAM, str(reps)], *options)
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "RABIT_ENGINE": "robust", **env})
+        line = next((x for x in out.stdout.splitlines() if x.startswith("BENCH ")), None)
+        if line is None:
+            raise RuntimeError(f"{name}: no result\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
+        rows.append({"variant": name, "median_s": {int(k): v for k, v in
+                                                   json.loads(line[6:]).items()}})
+    return rows
+
+
+def print_bench(rows: List[dict]) -> None:
+    sizes = sorted(rows[0]["median_s"])
+    print("| variant | " + " | ".join(f"{s >> 10} KiB" for s in sizes) + " |")
+    print("|---|" + "---|" * len(sizes))
+    base = rows[0]["median_s"]
+    for row in rows:
+        cells = [f"{row['median_s'][s] * 1e3:.2f} ms ({row['median_s'][s] / base[s]:.2f}x)"
+                 for s in sizes]
+        print(f"| {row['variant']} | " + " | ".join(cells) + " |")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, default=3)
@@ -318,12 +378,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--scenario", default="all",
                         choices=["all", "clean", "kill-rank", "kill-host", "freeze-host"])
+    parser.add_argument("--bench", action="store_true",
+                        help="time allreduce across the hosts: HAN off (the default), HAN on, "
+                             "rabit_py's shared-memory groups; print a table and write --json")
     parser.add_argument("--json", help="write the records here")
     args = parser.parse_args(argv)
     ok, why = can_make_hosts()
     if not ok:
         print(f"cluster_demo: cannot make namespace hosts here: {why}", file=sys.stderr)
         return 2
+    if args.bench:
+        with Hosts(args.hosts, args.slots) as hosts:
+            rows = bench(hosts, args.ranks)
+        print(f"cluster_demo: allreduce (SUM, float64), median of 30, {args.ranks} ranks on "
+              f"{-(-args.ranks // args.slots)} namespace hosts sharing this machine's "
+              f"{os.cpu_count()} cores (ratio to HAN off)")
+        print_bench(rows)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return 0
     ranks = args.ranks
     ref, ref_seconds = reference(ranks, args.rounds)
     print(f"cluster_demo: reference on this machine alone: {ref_seconds:.1f} s")

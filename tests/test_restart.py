@@ -93,23 +93,25 @@ def test_every_rank_killed_from_outside_resumes_from_disk(reference, tmp_path):
     assert_same_models(out, reference)
 
 
-def test_a_rank_lost_before_the_disk_resume_restarts_and_resumes(reference, tmp_path):
+@pytest.mark.parametrize("seqno,where", [(1, "load_checkpoint"), (0, "config broadcast")])
+def test_a_rank_lost_before_the_disk_resume_still_resumes_from_disk(reference, tmp_path,
+                                                                     seqno, where):
     # Attempt 0: rank 1 and its replica holder die together (the local model
     # is lost): a restart. Attempt 1: rank 1 dies at its first
-    # load_checkpoint (seqno 1, after a broadcast), before the ranks agreed on
-    # a version on disk. Recovered in place, the job started over from
-    # version 0 beside the newer versions on disk (Note [fresh start with a
-    # store]); it must restart again and resume from disk.
+    # load_checkpoint (seqno 1) or at the config broadcast before it (seqno
+    # 0), before the ranks resumed from disk. Recovered in place, the job
+    # started over from version 0 beside the newer versions on disk; now the
+    # replacement resumes from disk with the survivors (Note [fresh start
+    # with a store]).
     code, out = run(launcher("--max-restarts", "2", "--restart-delay", "0.1",
                              "--checkpoint-dir", str(tmp_path)) + ["--sleep", "0.1"],
                     timeout=240, env={"RABIT_ENGINE": "mock",
-                                      "RABIT_MOCK": "1,3,1,0;2,3,1,0;1,0,1,1",
+                                      "RABIT_MOCK": f"1,3,1,0;2,3,1,0;1,0,{seqno},1",
                                       "RABIT_TIMEOUT": "45"})
     assert code == 0, out[-6000:]
-    assert "a rank failed before the ranks resumed from the durable checkpoint" in out, \
-        out[-6000:]
-    assert "restart 2 of 2" in out and "rabit-run: 3 attempt(s)" in out, out[-6000:]
-    assert "resumed from durable checkpoint version" in out, out[-6000:]
+    assert "rabit-run: 2 attempt(s)" in out and "1 in-job recoveries" in out, out[-6000:]
+    resumed = [line for line in out.splitlines() if "resumed from durable checkpoint" in line]
+    assert len(resumed) == RANKS, out[-6000:]     # all four, the replacement too
     assert_same_models(out, reference)
 
 

@@ -33,11 +33,22 @@ peer that dies at the very end is replaced and replays up to it.
 # Note [fresh start with a store]
 With a durable checkpoint folder, a fresh job's first ``load_checkpoint``
 makes the ranks agree on the newest version on disk. A rank that dies before
-that agreement is not recovered in place: the survivors would serve the
-replacement version 0 (nothing loaded yet), and the job would silently start
-over from the beginning, beside the newer versions that an earlier attempt
-left on disk (seen in a storm: training from version 0 while versions up to
-30 were on disk). The job ends for a restart instead, which resumes from disk.
+that is done must not make the job start over from version 0 (it did: the
+survivors served the replacement version 0 and went on from there, beside
+the newer versions that an earlier attempt had left on disk; seen in a
+storm, at the start of a restarted attempt). So each rank with a store keeps
+``_resume_pending`` until the resume is done; the recovery round's summary
+carries it (a MAX over the ranks), and a replacement takes it from there. A
+rank in that ``load_checkpoint`` while recovering, holding its version (0),
+runs rounds keyed by the call it stands at, ``(BOOT, seqno)``: they serve the
+replacement its replays (a config broadcast before ``load_checkpoint``) and
+its checkpoint, until every rank stands there (the round says execute); then
+all do the disk resume together. When the survivors are still in earlier
+calls, the replacement catches up with them there and they all reach
+``load_checkpoint`` by the normal path, with the flag set everywhere. A
+failure during the resume repairs and does the same again; ranks left
+holding different versions (the failure came after some had loaded) end the
+job for a restart.
 """
 
 from __future__ import annotations
@@ -154,6 +165,10 @@ class RobustEngine(MpiEngine):
         self._epoch = BOOT
         self._recovering = replacement
         self._has_version = not replacement
+        # Note [fresh start with a store]: the disk resume of the first
+        # load_checkpoint is still to be done (replacements learn it in the
+        # recovery round).
+        self._resume_pending = self._store is not None and not replacement
         self._replicas: Dict[int, Optional[bytes]] = {}     # owner rank -> its local blob
         self._trials: Dict[int, int] = dict(state.trials) if state else {}
         self._trial = self._trials.get(self._rank, 0)
@@ -389,18 +404,26 @@ class RobustEngine(MpiEngine):
             try:
                 if not (self._recovering or not self._has_version):
                     self._sync(Kind.LOAD_CHECKPOINT, None)
-                    if self._store is not None and self._version == 0:
+                    if self._resume_pending:
                         self._resume_from_disk()
+                    break
+                if self._has_version and self._resume_pending:
+                    # Note [fresh start with a store]: rounds at this call
+                    # until every rank reached it, then the resume together.
+                    key = (self._epoch, self._seqno)
+                    if self._guarded(Kind.LOAD_CHECKPOINT,
+                                     lambda: self._round(key))[0] != _EXECUTE:
+                        continue
+                    self._recovering = False
+                    self._catching_up, self._quick_deaths = [], {}
+                    self._resume_from_disk()
                     break
                 # A replacement (or any rank while recovering) asks the survivors.
                 if self._guarded(Kind.LOAD_CHECKPOINT, lambda: self._round(None))[0] == _SERVED:
+                    if self._resume_pending:
+                        continue        # learned in the round: resume with the others
                     break
-            except PeerFailure as exc:
-                if self._store is not None and self._version == 0 and not self._recovering:
-                    # Note [fresh start with a store]
-                    raise self._give_up(RecoveryError(
-                        f"rank {self._rank}: a rank failed before the ranks resumed from the "
-                        f"durable checkpoint ({exc}); the job must start again")) from exc
+            except PeerFailure:
                 self._recover()
         self._start_epoch()
         return self._checkpoint_result(with_local)
@@ -408,18 +431,13 @@ class RobustEngine(MpiEngine):
     def _resume_from_disk(self) -> None:
         """A fresh start with a checkpoint folder: the ranks agree on the newest
         version on disk, load it and copy the local models to their ring
-        replicas. A rank lost in the middle leaves the ranks holding
-        different versions, which the rounds cannot reconcile; nothing has
-        been computed yet, so the job ends for a restart (from disk)."""
-        try:
-            self._guarded(Kind.LOAD_CHECKPOINT, self._load_durable)
-            if self._version > 0:
-                self._replicas = self._guarded(
-                    Kind.LOAD_CHECKPOINT, lambda: self._replicate(self._local_blob))
-        except PeerFailure as exc:
-            raise self._give_up(RecoveryError(
-                f"rank {self._rank}: a rank failed while the ranks resumed from the durable "
-                f"checkpoint ({exc}); the job must start again")) from exc
+        replicas (Note [fresh start with a store]). Raises ``PeerFailure``
+        if a rank is lost meanwhile."""
+        self._guarded(Kind.LOAD_CHECKPOINT, self._load_durable)
+        if self._version > 0:
+            self._replicas = self._guarded(
+                Kind.LOAD_CHECKPOINT, lambda: self._replicate(self._local_blob))
+        self._resume_pending = False
 
     def finalize(self) -> None:
         if not self._finalized and self._broken is None:
@@ -500,9 +518,14 @@ class RobustEngine(MpiEngine):
         code = _LOAD if key is None else _code(key)
         version = self._version if self._has_version else _NO_VERSION
         summary = np.array([version, -version if self._has_version else _NO_VERSION,
-                            -code, code], dtype=np.int64)
+                            -code, code, int(self._resume_pending and self._has_version)],
+                           dtype=np.int64)
         comm.Allreduce(MPI.IN_PLACE, summary, op=MPI.MAX)
         max_version, min_code, max_code = int(summary[0]), -int(summary[2]), int(summary[3])
+        # Note [fresh start with a store]: the survivors have not resumed from
+        # disk yet; a replacement learns it here.
+        if not self._has_version:
+            self._resume_pending = bool(summary[4])
         if max_version == _NO_VERSION:
             raise self._give_up(RecoveryError("every rank of the job was lost: nothing to "
                                               "recover from"))
