@@ -1,7 +1,8 @@
 """A cluster on one machine: rabit-run across hosts made of network namespaces.
 
     sudo python scripts/cluster_demo.py [--hosts 3] [--slots 2] [--ranks 4] [--rounds 8] [--bench]
-                                        [--scenario all|clean|kill-rank|kill-host|freeze-host]
+                                        [--scenario all|clean|kill-rank|kill-twice|kill-host|
+                                                    freeze-host]
                                         [--json out.json]
 
 Each host is a network namespace with its own address, hostname, ``/tmp`` and
@@ -18,6 +19,11 @@ alone (no namespaces):
 - ``clean``: failure-free across the hosts;
 - ``kill-rank``: one rank SIGKILLed from outside; recovered in the job (the
   replacement may start on another host);
+- ``kill-twice``: rank 3 killed, then rank 2 once the job went on: the
+  second repair across hosts can hang in Open MPI's spawn
+  (open-mpi/ompi#12599, #12601); the repair deadline (RABIT_RECOVERY_TIMEOUT,
+  15 s here) or the collective timeout then ends the attempt, and rabit-run
+  restarts it from the durable checkpoint;
 - ``kill-host``: every process of the second host (ranks fill the hosts'
   slots in order, so it holds ranks) SIGKILLed and its network cut;
   rabit-run restarts from the durable checkpoint on the hosts that remain
@@ -255,7 +261,7 @@ JOB_ENV = {"RABIT_ENGINE": "robust", "RABIT_SHM_MIN_BYTES": "1", "RABIT_TIMEOUT"
 def reference(ranks: int, rounds: int) -> Tuple[Dict[int, dict], float]:
     """The failure-free run on this machine alone."""
     cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", str(ranks), "--", *PROGRAM,
-           "--rounds", str(rounds)]
+           "--rounds", str(rounds), "--sleep", "0.5"]      # as the scenarios (timings)
     start = time.monotonic()
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, **JOB_ENV})
@@ -271,22 +277,33 @@ def run_scenario(hosts: Hosts, name: str, ranks: int, rounds: int,
     env = dict(JOB_ENV)
     program = [*PROGRAM, "--rounds", str(rounds), "--sleep", "0.5"]
     last = hosts.names[1]
-    if name in ("kill-host", "kill-rank", "freeze-host"):
+    if name in ("kill-host", "kill-rank", "kill-twice", "freeze-host"):
         options = ["--max-restarts", "2", "--restart-delay", "0.5",
                    "--checkpoint-dir", str(hosts.shared / "ckpt")]
     if name == "freeze-host":
         env["RABIT_TIMEOUT"] = "10"
+    if name == "kill-twice":
+        env["RABIT_RECOVERY_TIMEOUT"] = "15"
     lines: List[str] = []
     pids: Dict[int, int] = {}
     done = threading.Event()
+    second = threading.Event()
 
     def on_line(line: str) -> None:
         if line.startswith("START "):
             start = json.loads(line[6:])
             pids[start["rank"]] = start["pid"]
+        if name == "kill-twice" and line.startswith("ROUND 4 done") and done.is_set() \
+                and not second.is_set():
+            second.set()
+            victim = pids.get(ranks - 2)
+            if victim is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGKILL)
+                lines.append(f"cluster_demo: killed rank {ranks - 2} (pid {victim})\n")
         if line.startswith("ROUND 2 done") and not done.is_set():
             done.set()
-            if name == "kill-rank":
+            if name in ("kill-rank", "kill-twice"):
                 victim = pids.get(ranks - 1)
                 if victim is not None:
                     # The rank's PID as its host sees it: signal every process
@@ -377,7 +394,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--scenario", default="all",
-                        choices=["all", "clean", "kill-rank", "kill-host", "freeze-host"])
+                        choices=["all", "clean", "kill-rank", "kill-twice", "kill-host",
+                                 "freeze-host"])
     parser.add_argument("--bench", action="store_true",
                         help="time allreduce across the hosts: HAN off (the default), HAN on, "
                              "rabit_py's shared-memory groups; print a table and write --json")
@@ -400,7 +418,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ranks = args.ranks
     ref, ref_seconds = reference(ranks, args.rounds)
     print(f"cluster_demo: reference on this machine alone: {ref_seconds:.1f} s")
-    names = (["clean", "kill-rank", "kill-host", "freeze-host"] if args.scenario == "all"
+    names = (["clean", "kill-rank", "kill-twice", "kill-host", "freeze-host"]
+             if args.scenario == "all"
              else [args.scenario])
     records = []
     failed = 0

@@ -149,3 +149,19 @@ def test_dry_run_shows_the_command_without_rabit_run_options():
     assert code == 0
     assert "--max-restarts" not in out and "--checkpoint-dir" not in out
     assert "bsp_train.py" in out
+
+
+def test_a_replacement_gets_the_settings_that_do_not_fit_in_its_environment(reference,
+                                                                             tmp_path):
+    # A checkpoint path longer than an MPI info value (255): passing it in
+    # the spawn's environment made every spawn fail (MPI_ERR_INFO_VALUE, 10
+    # repair attempts, then a restart). The replacement now gets the job's
+    # settings with the join state and writes its durable files there.
+    folder = tmp_path / ("d" * 120) / ("e" * 120)
+    code, out = run(launcher("--checkpoint-dir", str(folder)), timeout=240,
+                    env={"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,2,1,0", "RABIT_TIMEOUT": "45"})
+    assert code == 0, out[-6000:]
+    assert "replaced rank(s) [1]" in out and "could not repair" not in out, out[-6000:]
+    assert "1 in-job recoveries" in out
+    assert_same_models(out, reference)
+    assert (folder / "v00000006.local-1.ckpt").exists(), sorted(os.listdir(folder))

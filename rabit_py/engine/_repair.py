@@ -52,6 +52,10 @@ class JoinState:
     # up yet, and how many times in a row each died before catching up.
     catching_up: List[int] = dataclasses.field(default_factory=list)
     quick_deaths: Dict[int, int] = dataclasses.field(default_factory=dict)
+    # The job's settings (Config fields): a replacement takes them from here,
+    # since its environment carries only what fits in one MPI info value
+    # (_spawn_info).
+    settings: Optional[Dict[str, Any]] = None
 
 
 @dataclasses.dataclass
@@ -74,16 +78,38 @@ def spawn_command() -> Tuple[str, List[str]]:
     return sys.executable, argv[1:]
 
 
+# What a replacement needs in its environment before it joins, most needed
+# first; the other RABIT_* settings come with the join state.
+_SPAWN_ENV_FIRST = ("PYTHONPATH", "PYTHONHASHSEED", "RABIT_RUN_STATUS_DIR", "RABIT_ENGINE",
+                    "RABIT_SPARES", "RABIT_RECOVERY_TIMEOUT", "RABIT_RESTART_COUNT")
+
+
+def spawn_environment(environ: Dict[str, str], limit: int) -> str:
+    """The ``PMIX_ENVAR`` value for a replacement: ``NAME=VALUE`` lines of the
+    import path and the ``RABIT_*`` settings, most needed first, as many as
+    fit in ``limit`` characters (an MPI info value: 255 in Open MPI; a value
+    longer than that made every spawn fail with MPI_ERR_INFO_VALUE, seen with
+    a long checkpoint path and a few settings)."""
+    names = [n for n in _SPAWN_ENV_FIRST if n in environ] + sorted(
+        n for n in environ if n.startswith("RABIT_") and n not in _SPAWN_ENV_FIRST)
+    lines: List[str] = []
+    for name in names:
+        line = f"{name}={environ[name]}"
+        if "\n" in line or len("\n".join(lines + [line])) > limit:
+            continue
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def _spawn_info() -> "MPI.Info":
     info = MPI.Info.Create()
     info.Set("wdir", os.getcwd())
     # The replacement is started by the MPI daemon, whose environment is not
-    # ours: pass the settings and the import path explicitly.
-    passed = [f"{k}={v}" for k, v in os.environ.items()
-              if (k.startswith("RABIT_") or k in ("PYTHONPATH", "PYTHONHASHSEED"))
-              and "\n" not in v]
+    # ours: pass the import path and the settings explicitly (the rest of the
+    # settings follow in JoinState.settings).
+    passed = spawn_environment(dict(os.environ), MPI.MAX_INFO_VAL - 1)
     if passed:
-        info.Set("PMIX_ENVAR", "\n".join(passed))
+        info.Set("PMIX_ENVAR", passed)
     return info
 
 

@@ -54,6 +54,7 @@ job for a restart.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import sys
@@ -146,7 +147,10 @@ class RobustEngine(MpiEngine):
                 comm, state = _serve_as_spare(pool, config)
                 self.joined_as = "spare"
         replacement = self.joined_as != "start"
-        # A replacement's settings come from its spawner (Note [repair]), and
+        if state is not None and state.settings:
+            # The job's settings, whatever reached this process's environment.
+            config = dataclasses.replace(Config(**state.settings), log_level=config.log_level)
+        # A replacement's settings come from the survivors (JoinState), and
         # only the job's start has every rank in the check.
         super().__init__(config, comm, check_settings=not replacement)
         if replacement:
@@ -798,7 +802,8 @@ class RobustEngine(MpiEngine):
                 trials[rank] = trials.get(rank, 0) + 1
             catching_up, quick = self._after_deaths(dead)
             return JoinState(dead=dead, trials=trials, recoveries=self._recoveries,
-                             catching_up=catching_up, quick_deaths=quick)
+                             catching_up=catching_up, quick_deaths=quick,
+                             settings=dataclasses.asdict(self._config))
 
         if self._watchdog is not None:
             self._watchdog.leave()

@@ -68,3 +68,24 @@ def test_the_default_budget_is_a_sixteenth_of_memory_shared_by_the_node(monkeypa
     assert default_budget() == max(64 << 20, memory // 64)
     monkeypatch.delenv("OMPI_COMM_WORLD_LOCAL_SIZE")
     assert default_budget() == max(64 << 20, memory // 16)
+
+
+def test_a_replacement_gets_what_fits_in_one_info_value_most_needed_first():
+    from rabit_py.engine._repair import spawn_environment
+
+    environ = {"HOME": "/root", "RABIT_TIMEOUT": "30", "PYTHONPATH": "/src",
+               "RABIT_CHECKPOINT_DIR": "/a/very/long/shared/path/" + "x" * 200,
+               "RABIT_RUN_STATUS_DIR": "/shared/.rabit-run/rabit-run-abc",
+               "RABIT_SPARES": "1", "RABIT_BAD": "a\nb"}
+    value = spawn_environment(environ, 255)
+    assert len(value) <= 255
+    lines = value.split("\n")
+    # The import path and the status folder first; the long path does not
+    # fit and is left to the join state; nothing outside RABIT_* but the
+    # import path; no value with a newline.
+    assert lines[:3] == ["PYTHONPATH=/src", "RABIT_RUN_STATUS_DIR=/shared/.rabit-run/rabit-run-abc",
+                         "RABIT_SPARES=1"]
+    assert "RABIT_TIMEOUT=30" in lines
+    assert not any(line.startswith(("RABIT_CHECKPOINT_DIR", "HOME", "RABIT_BAD"))
+                   for line in lines)
+    assert spawn_environment({"RABIT_TIMEOUT": "30"}, 1000) == "RABIT_TIMEOUT=30"
