@@ -5,8 +5,8 @@
                                                     freeze-host]
                                         [--json out.json]
 
-Each host is a network namespace with its own address, hostname, ``/tmp`` and
-``/dev/shm`` (shared/notes/multihost.md has the recipe and what it showed);
+Each host is a network namespace with its own address, hostname, temporary
+folder (``TMPDIR``) and ``/dev/shm`` (shared/notes/multihost.md has the recipe and what it showed);
 Open MPI reaches the hosts through an rsh agent that enters a host's
 namespace with a clean environment, as ssh would. The job is
 ``tests/programs/bsp_train.py`` (a BSP loop with global and local models,
@@ -143,12 +143,15 @@ class Hosts:
         # The rsh agent: PRRTE calls `agent HOST command...`. Like sshd, it
         # gives the command a clean environment.
         path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+        # Each host's temporary folder is its own TMPDIR (where Open MPI
+        # keeps its session files), not a mount over /tmp: the job's program,
+        # interpreter or checkout may live under /tmp (a CI virtualenv did).
         self.agent.write_text(
             "#!/bin/sh\n"
             'host="$1"; shift\n'
             f'exec ip netns exec "$host" unshare --uts --mount sh -c \'hostname "$0"; '
-            f'mount --bind {self.base}/"$0"/tmp /tmp; mount --bind {self.base}/"$0"/shm '
-            f'/dev/shm; exec env -i HOME=/root PATH={path} sh -c "$1"\' "$host" "$*"\n')
+            f'mount --bind {self.base}/"$0"/shm /dev/shm; exec env -i HOME=/root '
+            f'PATH={path} TMPDIR={self.base}/"$0"/tmp sh -c "$1"\' "$host" "$*"\n')
         self.agent.chmod(0o755)
         self.hostfile.write_text("".join(f"{n} slots={self.slots}\n" for n in self.names))
 
@@ -201,8 +204,8 @@ class Hosts:
         """``argv`` run inside ``host`` (default: the first), with the
         caller's environment (as a user's shell on a login node)."""
         host = host or self.names[0]
-        script = (f'hostname "$0"; mount --bind {self.base}/"$0"/tmp /tmp; '
-                  f'mount --bind {self.base}/"$0"/shm /dev/shm; exec "$@"')
+        script = (f'hostname "$0"; mount --bind {self.base}/"$0"/shm /dev/shm; '
+                  f'TMPDIR={self.base}/"$0"/tmp exec "$@"')
         return ["ip", "netns", "exec", host, "unshare", "--uts", "--mount", "sh", "-c",
                 script, host, *argv]
 

@@ -171,10 +171,44 @@ class Booster:
         booster.best_score = state["best_score"]
         return booster
 
-    def save_model(self, path: str) -> None:
-        """Write the model as JSON (floats round-trip exactly)."""
+    def save_model(self, path: str, format: str = "rabit_py") -> None:
+        """Write the model as JSON: ``format="rabit_py"`` (ours: floats
+        round-trip exactly, :meth:`load_model` reads it) or ``"xgboost"``
+        (XGBoost's JSON model, which ``xgboost.Booster(model_file=path)``
+        loads; Note [xgboost json] in ``trainers/_xgboost_format.py``).
+
+        Raises:
+            ValueError: an unknown ``format``.
+        """
+        if format == "xgboost":
+            document = self.to_xgboost_json()
+        elif format == "rabit_py":
+            document = self.to_dict()
+        else:
+            raise ValueError(f"format={format!r}: use 'rabit_py' or 'xgboost'")
         with open(path, "w") as f:
-            json.dump(self.to_dict(), f)
+            json.dump(document, f)
+
+    def to_xgboost_json(self) -> Dict[str, Any]:
+        """The model in XGBoost's JSON schema (as a dict)."""
+        from ._xgboost_format import to_xgboost_json
+
+        return to_xgboost_json(self.params, self.base_score, self.n_features, self.trees,
+                               self.num_trees_per_round)
+
+    def to_xgboost(self) -> Any:
+        """The model as an ``xgboost.Booster``.
+
+        Raises:
+            ImportError: xgboost is not installed (``pip install xgboost-cpu``).
+        """
+        try:
+            import xgboost
+        except ImportError as exc:
+            raise ImportError("to_xgboost() needs xgboost: pip install xgboost-cpu (or "
+                              "xgboost)") from exc
+        return xgboost.Booster(model_file=bytearray(json.dumps(self.to_xgboost_json()),
+                                                    "utf-8"))
 
     @classmethod
     def load_model(cls, path: str) -> "Booster":
