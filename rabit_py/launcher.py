@@ -292,6 +292,11 @@ class _Launch:
     forward_env: bool = False
     processes: int = 0                   # ranks and spares
     hosts: Optional[List[Tuple[str, Optional[int]]]] = None    # (host, slots) in order
+    program_words: int = 0               # the program and its arguments end ``cmd``
+
+    def options(self) -> List[str]:
+        """mpirun and its options: ``cmd`` without the program."""
+        return self.cmd[:len(self.cmd) - self.program_words]
 
 
 PROBE_TIMEOUT_S = 15.0
@@ -374,7 +379,7 @@ def _leave_out_lost_hosts(launch: _Launch, folder: str) -> Optional[str]:
     be restarted (not slots enough), else None."""
     if not launch.hosts or len(launch.hosts) < 2:
         return None
-    answers = reachable_hosts(launch.cmd, [h for h, _ in launch.hosts])
+    answers = reachable_hosts(launch.options(), [h for h, _ in launch.hosts])
     lost = [h for h, ok in answers.items() if not ok]
     if not lost:
         return None
@@ -392,7 +397,7 @@ def _leave_out_lost_hosts(launch: _Launch, folder: str) -> Optional[str]:
     hostfile = os.path.join(folder, f"hostfile-{len(os.listdir(folder))}")
     with open(hostfile, "w") as f:
         f.writelines(f"{h}{f' slots={s}' if s else ''}\n" for h, s in left)
-    found = host_list(launch.cmd)
+    found = host_list(launch.options())
     assert found is not None
     index, taken, _ = found
     launch.cmd = launch.cmd[:index] + ["--hostfile", hostfile] + launch.cmd[index + taken:]
@@ -455,14 +460,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "--checkpoint-dir or --status-dir on a filesystem every host shares",
               file=sys.stderr, flush=True)
     try:
-        found = host_list(cmd) if args.launcher == "mpirun" else None
+        program = split_args(argv)[1]
+        options = cmd[:len(cmd) - len(program)]
+        found = host_list(options) if args.launcher == "mpirun" else None
     except (OSError, IndexError) as exc:
         print(f"rabit-run: cannot read the host list: {exc}", file=sys.stderr)
         return 2
     launch = _Launch(cmd, args.np, args.stall_timeout,
                      private_dirs=args.launcher == "mpirun" and one_node,
                      status_parent=status_parent, forward_env=args.launcher == "mpirun",
-                     processes=args.np + args.spares, hosts=found[2] if found else None)
+                     processes=args.np + args.spares, hosts=found[2] if found else None,
+                     program_words=len(program))
     return _run_with_restarts(launch, args.max_restarts, args.restart_delay, env)
 
 

@@ -280,3 +280,32 @@ def test_bad_parameters_are_refused_before_training():
         gbdt.train({"max_dept": 3}, np.zeros((2, 2)), np.zeros(2))
     with pytest.raises(ValueError, match="multi:softprob needs num_class"):
         gbdt.train({"objective": "multi:softprob"}, np.zeros((2, 2)), np.zeros(2))
+
+
+def test_a_second_training_on_other_data_of_the_same_shape_does_not_resume_the_first():
+    # The checkpoint belongs to the job: a second training whose resume key
+    # matched the first's (same shapes and settings, e.g. cross-validation
+    # folds) took over its finished state. The key now has a checksum of the
+    # data, so fitting B, then A, then B again gives B's model both times.
+    program = (
+        "import json, numpy as np, rabit_py as r\n"
+        "from trainers import linear, kmeans, gbdt\n"
+        "rng = np.random.default_rng(0)\n"
+        "A, B = rng.normal(size=(200, 4)), rng.normal(size=(200, 4)) + 1.0\n"
+        "ya, yb = (A[:, 0] > 0).astype(float), (B[:, 1] > 1).astype(float)\n"
+        "out = {}\n"
+        "for name, fit in [\n"
+        "    ('linear', lambda X, y: linear.LogisticRegression(max_iter=30).fit(X, y)"
+        ".coef_.tolist()),\n"
+        "    ('kmeans', lambda X, y: kmeans.KMeans(n_clusters=3, max_iter=20).fit(X)"
+        ".cluster_centers_.tolist()),\n"
+        "    ('gbdt', lambda X, y: gbdt.train({'objective': 'binary:logistic', 'max_depth': 3},"
+        " X, y, num_boost_round=3, verbose_eval=False).predict(X).tolist())]:\n"
+        "    out[name] = [fit(B, yb), fit(A, ya), fit(B, yb)]\n"
+        "print('FITS ' + json.dumps(out), flush=True)\n")
+    code, text = run([sys.executable, "-c", program], timeout=240)
+    assert code == 0, text[-4000:]
+    fits = json.loads(next(x for x in text.splitlines() if x.startswith("FITS "))[5:])
+    for name, (first_b, a, second_b) in fits.items():
+        assert first_b == second_b, name
+        assert a != first_b, name

@@ -37,8 +37,8 @@ import numpy as np
 
 import rabit_py as rabit
 
-from ._common import (DataError, agree, ensure_init, exact_sum, global_offset, progress,
-                      resume_state, state_key, splitmix64)
+from ._common import (DataError, agree, data_fingerprint, ensure_init, exact_sum, global_offset,
+                      progress, resume_state, state_key, splitmix64)
 from ._kernels import get_kernels
 from .data import check_features, check_labels, load_shard
 
@@ -571,7 +571,8 @@ def train(params: Dict[str, Any], X: np.ndarray, y: np.ndarray, num_boost_round:
     grower = _Grower(bins, cuts, params, kernels)
 
     resume_key = [json.dumps(params, sort_keys=True), X.shape[1], n_total, num_boost_round,
-           early_stopping_rounds, [Xe.shape[1] for Xe, _, _ in checked_evals]]
+                  early_stopping_rounds, [Xe.shape[1] for Xe, _, _ in checked_evals],
+                  data_fingerprint(X, y, *(a for Xe, ye, _ in checked_evals for a in (Xe, ye)))]
     state = resume_state("gbdt", resume_key)
     booster = Booster.from_dict(state["model"]) if state is not None else \
         Booster(params, float(params["base_score"]), X.shape[1])

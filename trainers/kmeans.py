@@ -18,7 +18,8 @@ import numpy as np
 
 import rabit_py as rabit
 
-from ._common import DataError, ensure_init, global_offset, progress, resume_state, state_key
+from ._common import (DataError, data_fingerprint, ensure_init, global_offset, progress,
+                      resume_state, state_key)
 from .data import check_features, load_shard
 
 __all__ = ["KMeans", "DataError", "main"]
@@ -96,7 +97,8 @@ class KMeans:
         variance = np.maximum(moments[X.shape[1]:] / n_total - mean ** 2, 0.0)
         threshold = self.tol * float(variance.mean())
 
-        key = [k, X.shape[1], n_total, self.seed, self.tol, repr(self.init)]
+        key = [k, X.shape[1], n_total, self.seed, self.tol, repr(self.init),
+               data_fingerprint(X)]
         state = resume_state("kmeans", key)
         if state is None:
             start = self._initial_centers(X, offset, n_total)

@@ -22,7 +22,7 @@ import numpy as np
 
 import rabit_py as rabit
 
-from ._common import DataError, ensure_init, progress, resume_state, state_key
+from ._common import DataError, data_fingerprint, ensure_init, progress, resume_state, state_key
 from .data import check_features, check_labels, load_shard
 
 __all__ = ["LogisticRegression", "DataError", "main"]
@@ -94,7 +94,8 @@ class LogisticRegression:
             g[:X.shape[1]] += coef
             return float(f), g
 
-        key = [X.shape[1], n_total, self.C, self.fit_intercept, self.memory, self.tol]
+        key = [X.shape[1], n_total, self.C, self.fit_intercept, self.memory, self.tol,
+               data_fingerprint(X, y)]
         state = resume_state("logistic", key)
         if state is None:
             w = np.zeros(d)

@@ -25,7 +25,8 @@ import numpy as np
 import rabit_py as rabit
 from rabit_py.bucket import GradientBucketer
 
-from ._common import ensure_init, global_offset, progress, resume_state, state_key
+from ._common import (data_fingerprint, ensure_init, global_offset, progress, resume_state,
+                      state_key)
 from .data import check_features, check_labels, load_shard
 
 __all__ = ["MLPClassifier", "main"]
@@ -97,7 +98,7 @@ class MLPClassifier:
         y = check_labels(y, X.shape[0], "multiclass", self.n_classes).astype(np.int64)
         offset, n_total = global_offset(X.shape[0])
         key = [X.shape[1], n_total, self.hidden, self.n_classes, self.steps, self.batch_size,
-               self.learning_rate, self.optimizer, self.seed]
+               self.learning_rate, self.optimizer, self.seed, data_fingerprint(X, y)]
         state = resume_state("mlp", key)
         if state is None:
             params = self._init_params(X.shape[1])

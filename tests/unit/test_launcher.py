@@ -358,3 +358,16 @@ def test_too_few_slots_left_after_a_host_loss_is_said_clearly(tmp_path, capsys):
     assert ("host(s) b cannot be reached, and the hosts left (a) have 2 slot(s) for 4 "
             "process(es)" in err), err
     assert "restart 1 of 3" not in err
+
+
+def test_the_programs_own_host_option_is_not_a_host_list(tmp_path, capsys):
+    fake = tmp_path / "mpirun"
+    log = tmp_path / "log"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexit 1\n')
+    fake.chmod(0o755)
+    code = launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--max-restarts", "1",
+                          "--restart-delay", "0", "--", "prog", "--host", "db.example"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "cannot be reached" not in err
+    assert not any(line.endswith(" true") for line in log.read_text().splitlines())
