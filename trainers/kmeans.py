@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import numbers
 import sys
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
+from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 import rabit_py as rabit
 
 from ._common import (DataError, data_fingerprint, ensure_init, global_offset, progress,
                       resume_state, state_key)
+from ._sklearn import checked
 from .data import check_features, load_shard
 
 __all__ = ["KMeans", "DataError", "main"]
@@ -44,8 +48,8 @@ def _assign(X: np.ndarray, centers: np.ndarray) -> tuple:
     return labels, best
 
 
-class KMeans:
-    """k-means over the rows of all ranks.
+class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
+    """k-means over the rows of all ranks; a scikit-learn estimator.
 
     Args:
         n_clusters: k.
@@ -60,44 +64,59 @@ class KMeans:
 
     After :meth:`fit`: ``cluster_centers_``, ``inertia_`` (sum of squared
     distances of all rows to their center), ``n_iter_``, ``labels_`` (this
-    rank's rows), ``initial_centers_`` (where the iterations started).
+    rank's rows), ``initial_centers_`` (where the iterations started),
+    ``n_features_in_``. As scikit-learn asks, the constructor only stores
+    the settings; :meth:`fit` checks them.
     """
 
     def __init__(self, n_clusters: int = 8, init: Union[str, np.ndarray] = "k-means++",
                  max_iter: int = 100, tol: float = 1e-4, seed: int = 0,
                  verbose: bool = False) -> None:
-        if n_clusters < 1:
-            raise ValueError(f"n_clusters={n_clusters} must be >= 1")
-        if isinstance(init, str) and init not in ("k-means++", "random"):
-            raise ValueError(f"init={init!r}: use 'k-means++', 'random' or an array of centers")
-        self.n_clusters, self.init, self.max_iter = int(n_clusters), init, int(max_iter)
-        self.tol, self.seed, self.verbose = float(tol), int(seed), verbose
-        self.cluster_centers_: Optional[np.ndarray] = None
-        self.inertia_: Optional[float] = None
-        self.labels_: Optional[np.ndarray] = None
-        self.initial_centers_: Optional[np.ndarray] = None
-        self.n_iter_ = 0
+        self.n_clusters = n_clusters
+        self.init = init
+        self.max_iter = max_iter
+        self.tol = tol
+        self.seed = seed
+        self.verbose = verbose
 
-    def fit(self, X: np.ndarray) -> "KMeans":
-        """Cluster the rows of all ranks (``X``: this rank's shard).
+    def _check_settings(self) -> None:
+        if not isinstance(self.n_clusters, numbers.Integral) or self.n_clusters < 1:
+            raise ValueError(f"n_clusters={self.n_clusters!r} must be an integer >= 1")
+        if isinstance(self.init, str) and self.init not in ("k-means++", "random"):
+            raise ValueError(f"init={self.init!r}: use 'k-means++', 'random' or an array of "
+                             f"centers")
+        if not isinstance(self.max_iter, numbers.Integral) or self.max_iter < 0:
+            raise ValueError(f"max_iter={self.max_iter!r} must be an integer >= 0")
+        if not isinstance(self.tol, numbers.Real) or self.tol < 0:
+            raise ValueError(f"tol={self.tol!r} must be a number >= 0")
+
+    def _validated(self, X: Any, reset: bool) -> np.ndarray:
+        """``X`` checked by scikit-learn's rules, every rank agreeing."""
+        return check_features(checked(self, X, reset=reset)[0], allow_nan=False)
+
+    def fit(self, X: Any, y: Any = None) -> "KMeans":
+        """Cluster the rows of all ranks (``X``: this rank's shard; ``y`` is
+        ignored).
 
         Raises:
+            ValueError: bad settings.
             DataError: on every rank, when any rank's data is bad or there are
                 fewer rows than clusters.
         """
         ensure_init()
-        X = check_features(X, allow_nan=False)
+        self._check_settings()
+        X = self._validated(X, reset=True)
         offset, n_total = global_offset(X.shape[0])
-        k = self.n_clusters
+        k = int(self.n_clusters)
         if n_total < k:
-            raise DataError(f"{n_total} rows in all for {k} clusters")
+            raise DataError(f"n_samples={n_total} should be >= n_clusters={k}")
         moments = np.concatenate([X.sum(axis=0), (X * X).sum(axis=0)])
         rabit.allreduce(moments, rabit.Op.SUM)
         mean = moments[:X.shape[1]] / n_total
         variance = np.maximum(moments[X.shape[1]:] / n_total - mean ** 2, 0.0)
         threshold = self.tol * float(variance.mean())
 
-        key = [k, X.shape[1], n_total, self.seed, self.tol, repr(self.init),
+        key = [k, X.shape[1], n_total, int(self.seed), float(self.tol), repr(self.init),
                data_fingerprint(X)]
         state = resume_state("kmeans", key)
         if state is None:
@@ -134,13 +153,13 @@ class KMeans:
         return self
 
     def _initial_centers(self, X: np.ndarray, offset: int, n_total: int) -> np.ndarray:
-        k = self.n_clusters
+        k = int(self.n_clusters)
         if not isinstance(self.init, str):
             centers = np.array(self.init, dtype=np.float64)
             if centers.shape != (k, X.shape[1]):
                 raise ValueError(f"init has shape {centers.shape}; expected {(k, X.shape[1])}")
             return centers
-        rng = np.random.default_rng(self.seed)
+        rng = np.random.default_rng(int(self.seed))
         if self.init == "random":
             return np.stack([self._row(X, offset, int(i))
                              for i in rng.choice(n_total, k, replace=False)])
@@ -178,11 +197,27 @@ class KMeans:
                                                  side="right"))
         return int(rabit.allreduce(np.array([found], dtype=np.int64), rabit.Op.MAX)[0])
 
-    def predict(self, X: np.ndarray) -> np.ndarray:
-        """Index of the nearest center for each row (no MPI needed)."""
-        if self.cluster_centers_ is None:
-            raise ValueError("this KMeans is not fitted yet; call fit() first")
-        return _assign(np.asarray(X, dtype=np.float64), self.cluster_centers_)[0]
+    def _local(self, X: Any) -> np.ndarray:
+        check_is_fitted(self)
+        return validate_data(self, X, reset=False, dtype=np.float64, order="C")
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Index of the nearest center for each row (no MPI needed).
+
+        Raises:
+            NotFittedError: before :meth:`fit`.
+            ValueError: ``X`` is not a 2-D array of the fitted width.
+        """
+        return _assign(self._local(X), self.cluster_centers_)[0]
+
+    def transform(self, X: Any) -> np.ndarray:
+        """Distance of each row to every center, (n, n_clusters) (no MPI)."""
+        return np.sqrt(_sq_distances(self._local(X), self.cluster_centers_))
+
+    def score(self, X: Any, y: Any = None) -> float:
+        """Minus the sum of squared distances of these rows to their centers
+        (higher is better, as scikit-learn's KMeans; no MPI)."""
+        return -float(_assign(self._local(X), self.cluster_centers_)[1].sum())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

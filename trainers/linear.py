@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import numbers
 import sys
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 import rabit_py as rabit
 
 from ._common import DataError, data_fingerprint, ensure_init, progress, resume_state, state_key
-from .data import check_features, check_labels, load_shard
+from ._sklearn import checked, global_classes
+from .data import check_features, load_shard
 
 __all__ = ["LogisticRegression", "DataError", "main"]
 
@@ -32,8 +36,9 @@ def _log1pexp(z: np.ndarray) -> np.ndarray:
     return np.logaddexp(0.0, z)
 
 
-class LogisticRegression:
-    """Binary logistic regression with an L2 penalty, fitted across all ranks.
+class LogisticRegression(ClassifierMixin, BaseEstimator):
+    """Binary logistic regression with an L2 penalty, fitted across all ranks;
+    a scikit-learn classifier (two classes, of any label type).
 
     Args:
         C: inverse regularization strength (as in scikit-learn).
@@ -45,34 +50,60 @@ class LogisticRegression:
         memory: L-BFGS curvature pairs kept.
         verbose: progress bar on rank 0.
 
-    After :meth:`fit`: ``coef_`` (1, n_features), ``intercept_`` (1,),
-    ``objective_`` (final objective value), ``n_iter_``.
+    After :meth:`fit`: ``classes_`` (the two labels; ``coef_`` is for the
+    second), ``coef_`` (1, n_features), ``intercept_`` (1,), ``objective_``
+    (final objective value), ``n_iter_``, ``n_features_in_``. As
+    scikit-learn asks, the constructor only stores the settings; :meth:`fit`
+    checks them.
     """
 
     def __init__(self, C: float = 1.0, max_iter: int = 100, tol: float = 1e-8,
                  fit_intercept: bool = True, memory: int = 10, verbose: bool = False) -> None:
-        if not C > 0:
-            raise ValueError(f"C={C} must be > 0")
-        if max_iter < 0 or memory < 1 or tol < 0:
-            raise ValueError("max_iter and tol must be >= 0 and memory >= 1")
-        self.C, self.max_iter, self.tol = float(C), int(max_iter), float(tol)
-        self.fit_intercept, self.memory, self.verbose = fit_intercept, int(memory), verbose
-        self.coef_: Optional[np.ndarray] = None
-        self.intercept_: Optional[np.ndarray] = None
-        self.objective_: Optional[float] = None
-        self.n_iter_ = 0
+        self.C = C
+        self.max_iter = max_iter
+        self.tol = tol
+        self.fit_intercept = fit_intercept
+        self.memory = memory
+        self.verbose = verbose
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_class = False
+        return tags
+
+    def _check_settings(self) -> None:
+        if not isinstance(self.C, numbers.Real) or not self.C > 0:
+            raise ValueError(f"C={self.C!r} must be a number > 0")
+        if not isinstance(self.max_iter, numbers.Integral) or self.max_iter < 0:
+            raise ValueError(f"max_iter={self.max_iter!r} must be an integer >= 0")
+        if not isinstance(self.memory, numbers.Integral) or self.memory < 1:
+            raise ValueError(f"memory={self.memory!r} must be an integer >= 1")
+        if not isinstance(self.tol, numbers.Real) or self.tol < 0:
+            raise ValueError(f"tol={self.tol!r} must be a number >= 0")
 
     # ------------------------------------------------------------ fitting
-    def fit(self, X: np.ndarray, y: np.ndarray) -> "LogisticRegression":
-        """Fit on the rows of all ranks (``X``, ``y``: this rank's shard;
-        labels 0/1).
+    def fit(self, X: Any, y: Any) -> "LogisticRegression":
+        """Fit on the rows of all ranks (``X``, ``y``: this rank's shard; two
+        classes over all ranks, of any label type).
 
         Raises:
+            ValueError: bad settings, or not exactly two classes.
             DataError: on every rank, when any rank's data is bad.
         """
         ensure_init()
+        self._check_settings()
+        X, y = checked(self, X, y, classification=True)
         X = check_features(X, allow_nan=False)
-        y = check_labels(y, X.shape[0], "binary")
+        classes = global_classes(y)
+        if len(classes) > 2:
+            raise DataError(f"Only binary classification is supported: the data of all ranks "
+                            f"has {len(classes)} classes ({classes[:5].tolist()}...)")
+        if len(classes) < 2:
+            raise DataError(f"the data of all ranks has one class only ({classes.tolist()}); "
+                            f"a classifier needs two")
+        self.classes_ = classes
+        y = (y == classes[1]).astype(np.float64)
+        C, tol, memory = float(self.C), float(self.tol), int(self.memory)
         n_total = int(rabit.allreduce(np.array([X.shape[0]], dtype=np.int64), rabit.Op.SUM)[0])
         if n_total == 0:
             raise DataError("no rows on any rank")
@@ -89,12 +120,12 @@ class LogisticRegression:
             if self.fit_intercept:
                 buf[-1] = r.sum()
             rabit.allreduce(buf, rabit.Op.SUM)
-            f = self.C * buf[0] + 0.5 * coef @ coef
-            g = self.C * buf[1:]
+            f = C * buf[0] + 0.5 * coef @ coef
+            g = C * buf[1:]
             g[:X.shape[1]] += coef
             return float(f), g
 
-        key = [X.shape[1], n_total, self.C, self.fit_intercept, self.memory, self.tol,
+        key = [X.shape[1], n_total, C, bool(self.fit_intercept), memory, tol,
                data_fingerprint(X, y)]
         state = resume_state("logistic", key)
         if state is None:
@@ -102,8 +133,9 @@ class LogisticRegression:
             f, g = evaluate(w)
             state = {"trainer": "logistic", "key": state_key(key), "w": w, "f": f, "g": g, "s": [],
                      "y": [], "iter": 0, "done": False}
-        gtol = self.tol * max(1.0, self.C * n_total)
-        bar = progress(range(state["iter"], self.max_iter), self.max_iter - state["iter"],
+        gtol = tol * max(1.0, C * n_total)
+        max_iter = int(self.max_iter)
+        bar = progress(range(state["iter"], max_iter), max_iter - state["iter"],
                        "logistic", self.verbose)
         for _ in bar:
             if state["done"] or np.abs(state["g"]).max() <= gtol:
@@ -165,28 +197,26 @@ class LogisticRegression:
         return q
 
     # ------------------------------------------------------------ prediction
-    def _check_fitted(self, X: np.ndarray) -> np.ndarray:
-        if self.coef_ is None:
-            raise ValueError("this LogisticRegression is not fitted yet; call fit() first")
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim != 2 or X.shape[1] != self.coef_.shape[1]:
-            raise ValueError(f"X has shape {X.shape}; the model has {self.coef_.shape[1]} "
-                             f"features")
-        return X
+    def decision_function(self, X: Any) -> np.ndarray:
+        """``X @ coef + intercept``: the log-odds of ``classes_[1]`` (no MPI).
 
-    def decision_function(self, X: np.ndarray) -> np.ndarray:
-        """``X @ coef + intercept`` (no MPI needed)."""
-        X = self._check_fitted(X)
+        Raises:
+            NotFittedError: before :meth:`fit`.
+            ValueError: ``X`` is not a 2-D array of the fitted width.
+        """
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False, dtype=np.float64)
         return X @ self.coef_[0] + self.intercept_[0]
 
-    def predict_proba(self, X: np.ndarray) -> np.ndarray:
-        """Probabilities of class 0 and class 1, shape (n, 2)."""
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """Probabilities of ``classes_[0]`` and ``classes_[1]``, shape (n, 2)."""
         p = 1.0 / (1.0 + np.exp(-self.decision_function(X)))
         return np.column_stack([1.0 - p, p])
 
-    def predict(self, X: np.ndarray) -> np.ndarray:
-        """Predicted labels (0 or 1)."""
-        return (self.decision_function(X) > 0).astype(np.int64)
+    def predict(self, X: Any) -> np.ndarray:
+        """Predicted labels (from ``classes_``)."""
+        positive = self.decision_function(X) > 0
+        return self.classes_[positive.astype(np.int64)]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

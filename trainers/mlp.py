@@ -17,27 +17,34 @@ from __future__ import annotations
 
 import argparse
 import json
+import numbers
 import sys
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 import rabit_py as rabit
 from rabit_py.bucket import GradientBucketer
 
 from ._common import (data_fingerprint, ensure_init, global_offset, progress, resume_state,
                       state_key)
-from .data import check_features, check_labels, load_shard
+from ._common import DataError
+from ._sklearn import checked, global_classes
+from .data import check_features, load_shard
 
 __all__ = ["MLPClassifier", "main"]
 
 
-class MLPClassifier:
-    """Softmax classifier with ReLU hidden layers.
+class MLPClassifier(ClassifierMixin, BaseEstimator):
+    """Softmax classifier with ReLU hidden layers; a scikit-learn classifier.
 
     Args:
         hidden: sizes of the hidden layers.
-        n_classes: number of classes (labels 0..n_classes-1).
+        n_classes: number of classes, the labels being 0..n_classes-1; None
+            (the default): the classes found in the data of all ranks, of any
+            label type.
         steps: optimizer steps.
         batch_size: rows per global batch (split over the ranks by where the
             rows live).
@@ -51,54 +58,84 @@ class MLPClassifier:
             current GPU; gradients reduced through rabit_py's device path,
             NCCL where chosen; checkpoints hold host copies).
 
-    After :meth:`fit`: ``params_`` (list of NumPy arrays: W0, b0, W1, b1,
-    ...), ``loss_`` (the last batch's mean loss).
-
-    Raises:
-        ValueError: bad settings. ImportError: ``device="cuda"`` without CuPy.
+    After :meth:`fit`: ``classes_``, ``params_`` (list of NumPy arrays: W0,
+    b0, W1, b1, ...), ``loss_`` (the last batch's mean loss),
+    ``n_features_in_``. As scikit-learn asks, the constructor only stores the
+    settings; :meth:`fit` checks them (ValueError; ImportError for
+    ``device="cuda"`` without CuPy).
     """
 
-    def __init__(self, hidden: Sequence[int] = (64,), n_classes: int = 2, steps: int = 200,
-                 batch_size: int = 256, learning_rate: float = 1e-3, optimizer: str = "adam",
-                 checkpoint_every: int = 10, bucket_cap_mb: float = 25.0, seed: int = 0,
-                 verbose: bool = False, device: str = "cpu",
-                 first_bucket_mb: float = 1.0) -> None:
-        if optimizer not in ("adam", "sgd"):
-            raise ValueError(f"optimizer={optimizer!r}: use 'adam' or 'sgd'")
-        if device not in ("cpu", "cuda"):
-            raise ValueError(f"device={device!r}: use 'cpu' or 'cuda'")
-        if n_classes < 2 or steps < 0 or batch_size < 1 or checkpoint_every < 1:
-            raise ValueError("need n_classes >= 2, steps >= 0, batch_size >= 1, "
-                             "checkpoint_every >= 1")
-        self.hidden, self.n_classes, self.steps = list(hidden), int(n_classes), int(steps)
-        self.batch_size, self.learning_rate = int(batch_size), float(learning_rate)
-        self.optimizer, self.checkpoint_every = optimizer, int(checkpoint_every)
-        self.bucket_cap_mb, self.seed, self.verbose = bucket_cap_mb, int(seed), verbose
-        self.device, self.first_bucket_mb = device, first_bucket_mb
-        self.params_: Optional[List[np.ndarray]] = None
-        self.loss_: Optional[float] = None
+    def __init__(self, hidden: Sequence[int] = (64,), n_classes: Optional[int] = None,
+                 steps: int = 200, batch_size: int = 256, learning_rate: float = 1e-3,
+                 optimizer: str = "adam", checkpoint_every: int = 10,
+                 bucket_cap_mb: float = 25.0, seed: int = 0, verbose: bool = False,
+                 device: str = "cpu", first_bucket_mb: float = 1.0) -> None:
+        self.hidden = hidden
+        self.n_classes = n_classes
+        self.steps = steps
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.optimizer = optimizer
+        self.checkpoint_every = checkpoint_every
+        self.bucket_cap_mb = bucket_cap_mb
+        self.seed = seed
+        self.verbose = verbose
+        self.device = device
+        self.first_bucket_mb = first_bucket_mb
+
+    def _check_settings(self) -> None:
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"optimizer={self.optimizer!r}: use 'adam' or 'sgd'")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device={self.device!r}: use 'cpu' or 'cuda'")
+        for name, low in (("steps", 0), ("batch_size", 1), ("checkpoint_every", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or value < low:
+                raise ValueError(f"{name}={value!r} must be an integer >= {low}")
+        if self.n_classes is not None and (not isinstance(self.n_classes, numbers.Integral)
+                                           or self.n_classes < 2):
+            raise ValueError(f"n_classes={self.n_classes!r} must be None or an integer >= 2")
+        if not all(isinstance(h, numbers.Integral) and h >= 1 for h in self.hidden):
+            raise ValueError(f"hidden={self.hidden!r} must be layer sizes >= 1")
 
     def _init_params(self, n_features: int) -> List[np.ndarray]:
-        rng = np.random.default_rng(self.seed)
-        sizes = [n_features] + self.hidden + [self.n_classes]
+        rng = np.random.default_rng(int(self.seed))
+        sizes = [n_features] + [int(h) for h in self.hidden] + [len(self.classes_)]
         params = []
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
             params.append(rng.normal(scale=np.sqrt(2.0 / fan_in), size=(fan_in, fan_out)))
             params.append(np.zeros(fan_out))
         return params
 
-    def fit(self, X: np.ndarray, y: np.ndarray) -> "MLPClassifier":
+    def fit(self, X: Any, y: Any) -> "MLPClassifier":
         """Train on the rows of all ranks (``X``, ``y``: this rank's shard).
 
         Raises:
+            ValueError: bad settings, or fewer than two classes.
             DataError: on every rank, when any rank's data is bad.
         """
         ensure_init()
+        self._check_settings()
+        X, y = checked(self, X, y, classification=True)
         X = check_features(X, allow_nan=False)
-        y = check_labels(y, X.shape[0], "multiclass", self.n_classes).astype(np.int64)
+        found = global_classes(y)
+        if self.n_classes is not None:
+            classes = np.arange(int(self.n_classes))
+            if not np.isin(found, classes).all():
+                raise DataError(f"class labels must be integers in [0, {self.n_classes}) "
+                                f"(n_classes={self.n_classes}); found {found[:5].tolist()}")
+        else:
+            classes = found
+        if len(classes) < 2:
+            raise DataError(f"the data of all ranks has one class only ({classes.tolist()}); "
+                            f"a classifier needs two")
+        self.classes_ = classes
+        y = np.searchsorted(classes, y).astype(np.int64)
         offset, n_total = global_offset(X.shape[0])
-        key = [X.shape[1], n_total, self.hidden, self.n_classes, self.steps, self.batch_size,
-               self.learning_rate, self.optimizer, self.seed, data_fingerprint(X, y)]
+        batch_size, steps = int(self.batch_size), int(self.steps)
+        key = [X.shape[1], n_total, [int(h) for h in self.hidden], len(classes), steps,
+               batch_size, float(self.learning_rate), self.optimizer, int(self.seed),
+               data_fingerprint(X, y)]
         state = resume_state("mlp", key)
         if state is None:
             params = self._init_params(X.shape[1])
@@ -113,14 +150,14 @@ class MLPClassifier:
         X, y = xp.asarray(X), xp.asarray(y)
         bucketer = GradientBucketer(params, bucket_cap_mb=self.bucket_cap_mb,
                                     first_bucket_mb=self.first_bucket_mb, average=False)
-        order = np.random.default_rng([self.seed, 1]).permutation(n_total)
-        per_epoch = max(1, n_total // self.batch_size)
+        order = np.random.default_rng([int(self.seed), 1]).permutation(n_total)
+        per_epoch = max(1, n_total // batch_size)
         try:
-            bar = progress(range(state["step"], self.steps), self.steps - state["step"], "mlp",
+            bar = progress(range(state["step"], steps), steps - state["step"], "mlp",
                            self.verbose)
             for step in bar:
-                start = (step % per_epoch) * self.batch_size
-                batch = order[start:start + self.batch_size]
+                start = (step % per_epoch) * batch_size
+                batch = order[start:start + batch_size]
                 mine = xp.asarray(batch[(batch >= offset) & (batch < offset + X.shape[0])]
                                   - offset)
                 local_loss = self._backward(params, X[mine], y[mine], bucketer)
@@ -130,7 +167,7 @@ class MLPClassifier:
                 self._update(params, [g / batch.size for g in grads], m, v, step + 1)
                 if hasattr(bar, "set_postfix"):
                     bar.set_postfix(loss=f"{loss:.4f}")
-                if (step + 1) % self.checkpoint_every == 0 or step + 1 == self.steps:
+                if (step + 1) % self.checkpoint_every == 0 or step + 1 == steps:
                     rabit.checkpoint({**state, "step": step + 1, "params": self._host(params),
                                       "m": self._host(m), "v": self._host(v), "loss": loss})
         finally:
@@ -189,11 +226,15 @@ class MLPClassifier:
             vi += 0.001 * g * g
             p -= lr * (mi / (1 - 0.9 ** t)) / (xp.sqrt(vi / (1 - 0.999 ** t)) + 1e-8)
 
-    def predict_proba(self, X: np.ndarray) -> np.ndarray:
-        """Class probabilities (no MPI needed)."""
-        if self.params_ is None:
-            raise ValueError("this MLPClassifier is not fitted yet; call fit() first")
-        a = np.asarray(X, dtype=np.float64)
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """Class probabilities, columns in the order of ``classes_`` (no MPI).
+
+        Raises:
+            NotFittedError: before :meth:`fit`.
+            ValueError: ``X`` is not a 2-D array of the fitted width.
+        """
+        check_is_fitted(self)
+        a = validate_data(self, X, reset=False, dtype=np.float64)
         n_layers = len(self.params_) // 2
         for layer in range(n_layers):
             a = a @ self.params_[2 * layer] + self.params_[2 * layer + 1]
@@ -202,9 +243,10 @@ class MLPClassifier:
         e = np.exp(a - a.max(axis=1, keepdims=True))
         return e / e.sum(axis=1, keepdims=True)
 
-    def predict(self, X: np.ndarray) -> np.ndarray:
-        """Most probable class of each row."""
-        return self.predict_proba(X).argmax(axis=1)
+    def predict(self, X: Any) -> np.ndarray:
+        """Most probable class of each row (from ``classes_``)."""
+        best = self.predict_proba(X).argmax(axis=1)
+        return self.classes_[best]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
