@@ -23,12 +23,14 @@ __all__ = ["checked", "global_classes"]
 
 
 def checked(estimator: Any, X: Any, y: Any = "no_validation", reset: bool = True,
-            classification: bool = False) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+            classification: bool = False,
+            allow_nan: bool = False) -> Tuple[np.ndarray, Optional[np.ndarray]]:
     """(X, y) checked by ``sklearn.utils.validation.validate_data`` on every
     rank. A rank whose input is bad raises scikit-learn's own error (its own
     type); the other ranks raise :class:`DataError` naming that rank, so no
     rank is left waiting in a collective. ``y`` left out: ``X`` alone (an
     unsupervised estimator); ``y=None`` for a supervised one is an error.
+    ``allow_nan``: NaN in ``X`` is a missing value, not an error.
 
     Raises:
         TypeError, ValueError: this rank's input is bad.
@@ -36,10 +38,13 @@ def checked(estimator: Any, X: Any, y: Any = "no_validation", reset: bool = True
     """
     error: Optional[Exception] = None
     try:
+        finite = "allow-nan" if allow_nan else True
         if isinstance(y, str) and y == "no_validation":
-            X, y = validate_data(estimator, X, reset=reset, dtype=np.float64, order="C"), None
+            X, y = validate_data(estimator, X, reset=reset, dtype=np.float64, order="C",
+                                 ensure_all_finite=finite), None
         else:
-            X, y = validate_data(estimator, X, y, reset=reset, dtype=np.float64, order="C")
+            X, y = validate_data(estimator, X, y, reset=reset, dtype=np.float64, order="C",
+                                 ensure_all_finite=finite)
             if classification:
                 check_classification_targets(y)
     except (TypeError, ValueError) as exc:

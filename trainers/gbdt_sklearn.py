@@ -20,8 +20,8 @@ from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import gbdt
-from ._common import DataError, agree
-from ._sklearn import global_classes
+from ._common import DataError
+from ._sklearn import checked, global_classes
 
 __all__ = ["GBDTClassifier", "GBDTRegressor"]
 
@@ -61,26 +61,6 @@ class _GBDT(BaseEstimator):
                 "gamma": self.gamma, "max_bin": self.max_bin, "subsample": self.subsample,
                 "colsample_bytree": self.colsample_bytree, "seed": int(seed)}
 
-    def _checked(self, X: Any, y: Any, classification: bool) -> Any:
-        """(X, y) by scikit-learn's rules (NaN allowed in X), every rank
-        agreeing (see trainers._sklearn.checked)."""
-        from sklearn.utils.multiclass import check_classification_targets
-
-        error = None
-        try:
-            X, y = validate_data(self, X, y, dtype=np.float64, ensure_all_finite="allow-nan")
-            if classification:
-                check_classification_targets(y)
-        except (TypeError, ValueError) as exc:
-            error = exc
-        try:
-            agree(None if error is None else str(error))
-        except DataError:
-            if error is not None:
-                raise error
-            raise
-        return X, y
-
     def _margin_input(self, X: Any) -> np.ndarray:
         check_is_fitted(self)
         return validate_data(self, X, reset=False, dtype=np.float64,
@@ -99,7 +79,7 @@ class GBDTRegressor(RegressorMixin, _GBDT):
         """
         gbdt.ensure_init()
         params = {**self._params(), "objective": "reg:squarederror"}
-        X, y = self._checked(X, y, classification=False)
+        X, y = checked(self, X, y, allow_nan=True)
         self.booster_ = gbdt.train(params, X, y, num_boost_round=int(self.n_estimators),
                                    verbose_eval=bool(self.verbose))
         return self
@@ -124,7 +104,7 @@ class GBDTClassifier(ClassifierMixin, _GBDT):
         """
         gbdt.ensure_init()
         params = self._params()
-        X, y = self._checked(X, y, classification=True)
+        X, y = checked(self, X, y, classification=True, allow_nan=True)
         classes = global_classes(y)
         if len(classes) < 2:
             raise DataError(f"the data of all ranks has one class only ({classes.tolist()}); "
