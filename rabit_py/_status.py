@@ -101,16 +101,7 @@ class Reporter:
         together: ``job.done``, written by each rank that sees the folder, so
         that rabit-run learns it even when most ranks run on hosts that
         cannot see the folder (Note [several hosts] in ``launcher.py``)."""
-        if self.folder is None:
-            return
-        path = os.path.join(self.folder, "job.done")
-        tmp = f"{path}.{os.getpid()}.tmp"
-        try:
-            with open(tmp, "w") as f:
-                f.write(f"{size}\n")
-            os.replace(tmp, path)
-        except OSError:
-            pass
+        Reporter(self.folder, "job")._write("done", f"{size}\n")
 
     def exited(self, clean: bool, reason: str = "") -> None:
         """How the engine ended, as the process exits."""

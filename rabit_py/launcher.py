@@ -433,9 +433,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except FileNotFoundError as exc:
         print(f"rabit-run: {exc}", file=sys.stderr)
         return 127
-    options, _ = split_args(argv)
+    options, program = split_args(argv)
     parser = _parser()
-    args = parser.parse_known_args(options)[0]
+    args, passthrough = parser.parse_known_args(options)
     if args.max_restarts < 0:
         parser.error(f"--max-restarts {args.max_restarts}: must be >= 0")
     if args.stall_timeout is not None and args.stall_timeout <= 0:
@@ -446,7 +446,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env = dict(os.environ)
     if args.checkpoint_dir:
         env["RABIT_CHECKPOINT_DIR"] = os.path.abspath(args.checkpoint_dir)
-    _, passthrough = parser.parse_known_args(split_args(argv)[0])
     one_node = _one_node(passthrough)
     status_parent = args.status_dir
     if status_parent is None and not one_node and args.checkpoint_dir:
@@ -460,9 +459,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "--checkpoint-dir or --status-dir on a filesystem every host shares",
               file=sys.stderr, flush=True)
     try:
-        program = split_args(argv)[1]
-        options = cmd[:len(cmd) - len(program)]
-        found = host_list(options) if args.launcher == "mpirun" else None
+        found = (host_list(cmd[:len(cmd) - len(program)]) if args.launcher == "mpirun"
+                 else None)
     except (OSError, IndexError) as exc:
         print(f"rabit-run: cannot read the host list: {exc}", file=sys.stderr)
         return 2
