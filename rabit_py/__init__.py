@@ -9,7 +9,8 @@ from .api import (allgather, allreduce, broadcast, checkpoint, finalize, get_pro
                   get_rank, get_world_size, init, is_distributed, lazy_checkpoint,
                   load_checkpoint, session, tracker_print, version_number)
 from .errors import (CheckpointError, CollectiveMismatchError, CollectiveTimeoutError,
-                     KVStoreError, NotInitializedError, RabitError, RecoveryError)
+                     KVStoreError, NotInitializedError, RabitError, RecoveryError,
+                     TrainingError)
 from .ops import CustomOp, Op
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "tracker_print",
     "RabitError", "NotInitializedError", "CollectiveMismatchError",
     "CollectiveTimeoutError", "RecoveryError", "CheckpointError", "KVStoreError",
+    "TrainingError",
 ]

@@ -19,6 +19,7 @@ __all__ = [
     "RecoveryError",
     "CheckpointError",
     "KVStoreError",
+    "TrainingError",
     "PeerFailure",
 ]
 
@@ -88,6 +89,22 @@ class KVStoreError(RabitError, ValueError):
     Every rank makes the same calls in a BSP job, so every rank raises it at
     the same call; nothing was sent.
     """
+
+
+class TrainingError(RabitError):
+    """Training inside a library that rabit_py drives (``rabit_py.xgboost``)
+    failed on every rank for a reason that is not a lost peer: bad parameters
+    or data, or the same error on every attempt. Raised on every rank, with
+    the message of the lowest rank that failed, so that the job ends instead
+    of retrying forever.
+
+    Attributes:
+        rank: the rank whose error is quoted.
+    """
+
+    def __init__(self, message: str, rank: int) -> None:
+        super().__init__(message)
+        self.rank = rank
 
 
 class PeerFailure(Exception):
