@@ -69,7 +69,10 @@ class Session:
         args: the tracker's worker arguments (from rank 0).
         rank: this rank (XGBoost must give it the same number).
         timeout: XGBoost's ``dmlc_timeout`` (seconds a collective may wait).
-        retry: XGBoost's ``dmlc_retry`` (connection attempts).
+        retry: XGBoost's ``dmlc_retry`` (connection attempts). 1 in
+            rabit_py.xgboost: leaving a session whose tracker died (rank 0
+            lost) retried the tracker for 2-4 s with more, while the peers
+            waited on this rank's open sockets.
         build_train: returns the training ``DMatrix``.
         build_evals: ``(name, builder)`` of the evaluation sets.
 

@@ -316,7 +316,7 @@ class _Trainer:
                     "rank 0 could not start XGBoost's tracker (see its error)")
             return
         try:
-            self._session = Session(args, self._rank, plan.timeout, 2,
+            self._session = Session(args, self._rank, plan.timeout, 1,
                                     plan.build_train, plan.build_evals)
         except Exception as exc:  # noqa: BLE001 - reported at C, raised after it
             self._connect_error = exc

@@ -1,0 +1,200 @@
+"""rabit_py.xgboost.train: real XGBoost on 4 ranks, ranks killed with SIGKILL
+from outside while XGBoost trains, during the rebuild after a failure, rank 0
+(the tracker's host) included; every rank must end with the booster bytes of
+the failure-free run. Under the plain engine a lost peer ends the job in
+seconds; errors that are not a lost peer end it with TrainingError."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("xgboost")
+
+from ._proc import ROOT, _kill_tree, rabit_run, run  # noqa: E402
+
+
+PROGRAM = [sys.executable, "tests/programs/xgboost_train.py"]
+RANKS = 4
+# Rounds long enough (20000 rows a rank) that a kill lands inside XGBoost.
+BASE = ["--rounds", "10", "--rows", "20000"]
+ENV = {"RABIT_TIMEOUT": "60", "RABIT_LOG_LEVEL": "INFO"}
+
+
+def parse(out: str, tag: str) -> list:
+    return [json.loads(line[len(tag) + 1:]) for line in out.splitlines()
+            if line.startswith(tag + " ")]
+
+
+def run_killing(args, kills, env=None, timeout=180, hog=False, launcher=()):
+    """Run the program on RANKS ranks under rabit-run (with ``launcher``
+    options) and SIGKILL a rank each time a cue is seen: ``kills`` is a list
+    of (regex on an output line, rank). Returns (exit code, output, {rank:
+    its last RESULT})."""
+    env = {**os.environ, **ENV, **(env or {})}
+    command = [sys.executable, "-m", "rabit_py.launcher", "-n", str(RANKS), *launcher, "--",
+               *PROGRAM, *args]
+    proc = subprocess.Popen(command, cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(2 if hog else 0)]
+    lines, pids, pending = [], {}, list(kills)
+    deadline = time.monotonic() + timeout
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("START "):
+                start = json.loads(line[6:])
+                pids[start["rank"]] = start["pid"]      # the latest process of each rank
+            if pending and re.search(pending[0][0], line):
+                victim = pids[pending.pop(0)[1]]
+                os.kill(victim, signal.SIGKILL)
+                lines.append(f"TEST killed pid {victim}\n")
+            if time.monotonic() > deadline:
+                raise AssertionError("timed out:\n" + "".join(lines[-200:]))
+        proc.wait(timeout=30)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+        _kill_tree(proc.pid)
+    out = "".join(lines)
+    assert not pending, f"cues never seen: {pending}\n{out[-6000:]}"
+    return proc.returncode, out, {r["rank"]: r for r in parse(out, "RESULT")}
+
+
+_REFERENCES = {}
+
+
+def reference(args):
+    """The failure-free run of ``args`` (computed once per argument list)."""
+    key = tuple(args)
+    if key not in _REFERENCES:
+        code, out, results = run_killing(args, [])
+        assert code == 0, out[-6000:]
+        assert sorted(results) == list(range(RANKS)), out[-6000:]
+        _REFERENCES[key] = results
+    return _REFERENCES[key]
+
+
+def assert_same_model(out, results, ref, replaced):
+    assert sorted(results) == list(range(RANKS)), out[-6000:]
+    shas = {r["sha"] for r in results.values()}
+    assert shas == {ref[0]["sha"]}, f"booster bytes differ from the failure-free run\n" \
+                                    f"{out[-6000:]}"
+    for rank, r in results.items():
+        assert r["rounds"] == ref[rank]["rounds"] and r["history"] == ref[rank]["history"]
+        assert r["predict"] == ref[rank]["predict"]
+        assert (r["trial"] > 0) == (rank in replaced), (rank, r)
+
+
+def assert_failed_inside_xgboost(out, ranks):
+    """The survivors' XGBoost call raised: the kill landed while XGBoost trained."""
+    failed = {int(m) for m in re.findall(r"rank (\d+): XGBoost failed at round", out)}
+    assert failed & set(ranks), out[-6000:]
+
+
+CASES = {
+    # (extra args, kills, replaced ranks); a kill at a round that ends an
+    # interval lands in rabit_py's calls, one inside an interval in XGBoost's.
+    "rank2_mid_interval": (["--every", "4"], [(r"^ROUND 2 1$", 2)], {2}),
+    "rank0_hosts_the_tracker": (["--every", "4"], [(r"^ROUND 0 5$", 0)], {0}),
+    "every_round": ([], [(r"^ROUND 1 3$", 1)], {1}),
+    "sampling": (["--every", "3", "--sampling"], [(r"^ROUND 3 4$", 3)], {3}),
+    "during_the_rebuild": (["--every", "4"],
+                           [(r"^ROUND 1 2$", 1), (r"rank 0: a replaced rank joins", 3)],
+                           {1, 3}),
+    "during_the_replay": (["--every", "4"],
+                          [(r"^ROUND 2 6$", 2), (r"rank 0: replaced rank\(s\) \[2\]", 0)],
+                          {0, 2}),
+    "burst_of_two": (["--every", "4"], [(r"^ROUND 1 1$", 1), (r"^ROUND 3 1$", 3)], {1, 3}),
+    "early_stopping": (["--every", "2", "--early-stopping", "2", "--rounds", "40"],
+                       [(r"^ROUND 2 2$", 2)], {2}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_killed_ranks_are_replaced_and_the_model_is_bitwise_identical(case):
+    extra, kills, replaced = CASES[case]
+    args = BASE + extra
+    ref = reference(args)
+    code, out, results = run_killing(args, kills)
+    assert code == 0, out[-6000:]
+    assert_same_model(out, results, ref, replaced)
+    if case not in ("during_the_replay", "every_round"):
+        assert_failed_inside_xgboost(out, set(range(RANKS)) - replaced)
+
+
+def test_early_stopping_stops_at_the_same_round_as_without_failures():
+    extra, _, _ = CASES["early_stopping"]
+    ref = reference(BASE + extra)
+    assert ref[0]["best"] is not None
+    assert ref[0]["rounds"] < 40, "the reference run did not stop early: change the data"
+
+
+@pytest.mark.slow
+def test_killed_under_cpu_hogs():
+    args = BASE + ["--every", "4"]
+    ref = reference(args)
+    code, out, results = run_killing(args, [(r"^ROUND 2 1$", 2), (r"^ROUND 0 6$", 0)],
+                                     hog=True, timeout=300)
+    assert code == 0, out[-6000:]
+    assert_same_model(out, results, ref, {0, 2})
+
+
+def test_the_plain_engine_ends_in_seconds_when_a_peer_is_lost():
+    started = time.monotonic()
+    code, out, results = run_killing(BASE + ["--every", "4", "--timeout", "600"],
+                                     [(r"^ROUND 2 1$", 2)], env={"RABIT_ENGINE": "mpi"},
+                                     timeout=120)
+    elapsed = time.monotonic() - started
+    assert code != 0 and not results, out[-6000:]
+    # XGBoost's own timeout here is 600 s (30 min by default): the job ended
+    # because the lost peer closed its sockets and rabit_py gave up in place.
+    assert elapsed < 60, f"took {elapsed:.0f} s\n{out[-6000:]}"
+    assert "the 'mpi' engine cannot recover from a failed rank" in out, out[-6000:]
+
+
+def test_the_plain_engine_resumes_from_the_durable_checkpoint_after_a_restart(tmp_path):
+    args = BASE + ["--every", "4"]
+    ref = reference(args)
+    code, out, results = run_killing(
+        args, [(r"^ROUND 2 5$", 2)], env={"RABIT_ENGINE": "mpi"},
+        launcher=["--max-restarts", "1", "--restart-delay", "0.2",
+                  "--checkpoint-dir", str(tmp_path)])
+    assert code == 0, out[-6000:]
+    assert {r["sha"] for r in results.values()} == {ref[0]["sha"]}, out[-6000:]
+    assert "rabit-run: 2 attempt(s)" in out, out[-6000:]
+    # The restarted job went on from the checkpoint of round 4, not from round 0.
+    after = out[out.index("TEST killed"):]
+    first = re.search(r"^ROUND 1 (\d+)$", after[after.index("START "):], re.M)
+    assert first and int(first.group(1)) == 4, after[-6000:]
+
+
+def test_bad_parameters_end_the_job_with_training_error_on_every_rank():
+    code, out = run(rabit_run(RANKS, *PROGRAM, "--rounds", "3", "--bad-param"),
+                    timeout=120, env=ENV)
+    assert code != 0
+    # Every rank raises it; the first one uncaught ends the job (the others
+    # may be stopped before they print theirs).
+    assert re.search(r"TrainingError: rank \d: training stopped at round 0: rank 0 failed 3 "
+                     r"times in a row, not because a peer was lost: XGBoostError: .*max_depth",
+                     out), out[-6000:]
+    assert "not restarting it" in out, out[-6000:]
+
+
+def test_an_error_in_one_ranks_data_ends_the_job_with_its_message():
+    code, out = run(rabit_run(RANKS, *PROGRAM, "--rounds", "3", "--raise-on-rank", "2"),
+                    timeout=120, env=ENV)
+    assert code != 0
+    assert "ValueError: this rank's data file is unreadable" in out, out[-6000:]
+    others = re.findall(r"TrainingError: rank (\d+): training stopped at round 0: rank 2 "
+                        r"failed, not because a peer was lost: ValueError: this rank's data",
+                        out)
+    assert others and set(map(int, others)) <= {0, 1, 3}, out[-6000:]
