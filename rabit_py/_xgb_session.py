@@ -3,14 +3,35 @@
 inside it. A session lives until a failure or the end of training; after a
 failure every rank closes its session and opens a new one (Note [xgboost
 sessions] in ``rabit_py/xgboost.py``).
+
+# Note [xgboost hang]
+XGBoost 3.2 can leave a worker waiting forever after a peer is lost: its
+communication thread (``collective::Loop``) records the peer's error and
+exits, and the caller, in ``Loop::Block``, waits on futures of operations
+still queued, which nobody will complete or destroy. Seen here once in about
+ten runs of ``scripts/bench_recovery.py --xgboost`` (rank 1 killed, 4 ranks):
+gdb showed the main thread in ``Loop::Block`` -> ``std::future::get`` and no
+``Loop::Process`` thread, while the other survivors timed out and waited in
+the repair for this rank, until the repair deadline ended the job. No Python
+exception can reach a thread blocked in C, and the rank cannot be told apart
+from a slow one by its peers. So :class:`HangGuard` watches the threads that
+XGBoost's communicator started: if one of them ends while the rank is inside
+an XGBoost call, and the call has not returned ``grace`` seconds later, the
+process ends itself with SIGKILL (after saying why), and the robust engine
+replaces it like any lost rank. Linux only (``/proc/self/task``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
+import sys
+import threading
+import time
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
 
 import xgboost
 from xgboost import collective
@@ -20,6 +41,10 @@ from xgboost.tracker import RabitTracker
 log = logging.getLogger("rabit_py.xgboost")
 
 DataFn = Callable[[], Any]
+
+# Seconds an XGBoost call may go on after its communication thread ended
+# (Note [xgboost hang]); a call that fails returns within milliseconds.
+GRACE = 3.0
 
 
 @contextlib.contextmanager
@@ -33,6 +58,85 @@ def quiet_xgboost() -> Iterator[None]:
         finally:
             for w in caught:
                 log.debug("xgboost: %s", str(w.message).strip())
+
+
+def thread_ids() -> FrozenSet[int]:
+    """This process's threads (empty where ``/proc`` is missing)."""
+    try:
+        return frozenset(int(t) for t in os.listdir("/proc/self/task"))
+    except OSError:
+        return frozenset()
+
+
+def _end_this_process(message: str) -> None:
+    print(f"rabit_py: {message}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class HangGuard:
+    """Note [xgboost hang]: ends the process when one of ``watched`` (the
+    threads XGBoost's communicator started) has ended while the rank is
+    inside an XGBoost call that does not return within ``grace`` seconds.
+
+    Args:
+        watched: the thread ids to watch.
+        grace: seconds a call may still take after such a thread ended.
+        rank: for the message.
+        end: what to do (tests replace it); default: SIGKILL this process.
+    """
+
+    def __init__(self, watched: FrozenSet[int], grace: float, rank: int,
+                 end: Callable[[str], None] = _end_this_process) -> None:
+        self._watched = watched
+        self._grace = grace
+        self._rank = rank
+        self._end = end
+        self._call: Optional[str] = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        if watched:
+            self._thread = threading.Thread(target=self._run, name="rabit-xgboost-guard",
+                                            daemon=True)
+            self._thread.start()
+
+    @contextlib.contextmanager
+    def inside(self, call: str) -> Iterator[None]:
+        """Mark the calling thread as inside an XGBoost call named ``call``;
+        the watched threads are those still alive now."""
+        with self._lock:
+            self._call = call
+            self._watched = self._watched & thread_ids()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._call = None
+
+    def close(self) -> None:
+        """Stop watching (before the communicator's own threads end)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        ended_at: Optional[float] = None
+        while not self._stop.wait(0.25):
+            with self._lock:
+                call, watched = self._call, self._watched
+            if call is None or watched <= thread_ids():
+                ended_at = None
+                continue
+            now = time.monotonic()
+            if ended_at is None:
+                ended_at = now
+            elif now - ended_at > self._grace:
+                self._end(f"rank {self._rank}: XGBoost's communication thread ended while "
+                          f"{call} waits on it, and the call has not returned in "
+                          f"{self._grace:.0f} s (an XGBoost {xgboost.__version__} hang after "
+                          f"a lost peer, Note [xgboost hang]); ending this process so that "
+                          f"a replacement takes its place")
+                return
 
 
 class Tracker:
@@ -86,34 +190,42 @@ class Session:
                  build_train: DataFn,
                  build_evals: Sequence[Tuple[str, DataFn]]) -> None:
         self._context: Optional[collective.CommunicatorContext] = None
+        self.guard: Optional[HangGuard] = None
         context = collective.CommunicatorContext(
             **args, dmlc_task_id=task_id(rank), dmlc_timeout=timeout, dmlc_retry=retry)
+        before = thread_ids()
         with quiet_xgboost():
             context.__enter__()
         self._context = context
+        self.guard = HangGuard(thread_ids() - before, grace=GRACE, rank=rank)
         try:
             if collective.get_rank() != rank:
                 raise RuntimeError(
                     f"rank {rank}: XGBoost numbered this worker {collective.get_rank()}; "
                     f"rabit_py.xgboost needs XGBoost's ranks to equal rabit_py's")
-            self.train: xgboost.DMatrix = _checked(build_train(), "the training data")
-            self.evals: List[Tuple[xgboost.DMatrix, str]] = [
-                (_checked(build(), f"evaluation set {name!r}"), name)
-                for name, build in build_evals]
+            with self.guard.inside("the building of the data"):
+                self.train: xgboost.DMatrix = _checked(build_train(), "the training data")
+                self.evals: List[Tuple[xgboost.DMatrix, str]] = [
+                    (_checked(build(), f"evaluation set {name!r}"), name)
+                    for name, build in build_evals]
         except BaseException:
             self.close()
             raise
 
     def close(self) -> None:
         """Leave XGBoost's communicator; errors from lost peers are only logged."""
+        guard, self.guard = self.guard, None
         context, self._context = self._context, None
-        if context is None:
-            return
         try:
-            with quiet_xgboost():
-                context.__exit__(None, None, None)
+            if context is not None:
+                with quiet_xgboost(), (guard.inside("leaving XGBoost's communicator")
+                                       if guard is not None else contextlib.nullcontext()):
+                    context.__exit__(None, None, None)
         except XGBoostError as exc:
             log.debug("xgboost communicator closed: %s", str(exc).splitlines()[0])
+        finally:
+            if guard is not None:
+                guard.close()
 
 
 def _checked(matrix: Any, what: str) -> xgboost.DMatrix:

@@ -326,8 +326,9 @@ class _Trainer:
         error, self._connect_error = self._connect_error, None
         if self._session is not None:
             try:
-                return _DONE, self._plan.interval.run(state, self._session.train,
-                                                      self._session.evals)
+                session = self._session
+                with session.guard.inside(f"the training from round {state.next_round}"):
+                    return _DONE, self._plan.interval.run(state, session.train, session.evals)
             except Exception as exc:  # noqa: BLE001 - sorted below
                 error = exc
                 log.info("rank %d: XGBoost failed at round %d: %s", self._rank,

@@ -19,7 +19,14 @@ rank killed by the mock engine, and reports:
   same kill, with a realistic start-up (imports and loading each rank's
   data): time from the kill to the job's next finished round, and time lost;
 - a durable checkpoint version (fresh, and in steady state where pruned
-  files are recycled) against a raw file write of the same bytes.
+  files are recycled) against a raw file write of the same bytes;
+- real XGBoost (``scripts/xgboost_train.py``, same data, same workers):
+  ``rabit_py.xgboost`` recovering a rank killed with SIGKILL from outside,
+  (spawned, and with ``--spares 1``) against XGBoost alone restarted whole
+  by ``rabit-run --max-restarts 1``
+  from the user's last save (both save every ``--xgb-every`` rounds): time
+  from the kill to the next new round, and time lost. ``--xgboost`` runs
+  only this part.
 """
 
 from __future__ import annotations
@@ -169,6 +176,92 @@ def restart_comparison(args: argparse.Namespace, common: List[str], base_wall: f
                         "time_lost": wall - base_wall}}
 
 
+EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "xgboost_train.py")
+
+
+def run_and_kill(command: List[str], env: Dict[str, str], cue: Optional[str],
+                 victim: int) -> tuple:
+    """Run ``command``; when a line starts with ``cue``, SIGKILL rank
+    ``victim`` (its pid from ``START``/``PID`` lines). Returns (wall seconds,
+    output, kill time or None)."""
+    import signal
+
+    start = time.time()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, **env}, start_new_session=True)
+    lines, pids, killed_at = [], {}, None
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            match = re.match(r"PID (\d+) (\d+)", line)
+            if match:
+                pids[int(match.group(1))] = int(match.group(2))
+            if cue and killed_at is None and line.startswith(cue):
+                os.kill(pids[victim], signal.SIGKILL)
+                killed_at = time.time()
+        proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = "".join(lines)
+    if proc.returncode != 0:
+        raise SystemExit(f"the job failed:\n{out[-4000:]}")
+    return time.time() - start, out, killed_at
+
+
+def xgboost_comparison(args: argparse.Namespace) -> Dict[str, object]:
+    """rabit_py.xgboost's in-job recovery against XGBoost's restart of the
+    whole job, for the same kill (rank 1, in the middle of an interval)."""
+    import tempfile
+
+    common = ["--rows", str(args.xgb_rows), "--rounds", str(args.xgb_rounds),
+              "--every", str(args.xgb_every), "--quiet", "--print-pid"]
+    kill_round = args.xgb_rounds // 2 + args.xgb_every // 2
+    cue = f"ROUND 1 {kill_round} "
+    result: Dict[str, object] = {"rows": args.xgb_rows, "rounds": args.xgb_rounds,
+                                 "every": args.xgb_every, "kill_round": kill_round}
+    for mode in ("rabit_py", "rabit_py_spare", "xgboost"):
+        walls, lost, to_progress = [], [], []
+        for run in range(1 + args.runs):
+            with tempfile.TemporaryDirectory() as folder:
+                extra = ["--out", os.path.join(folder, "m.json")]
+                options: List[str] = []
+                env = {"RABIT_ENGINE": "robust"}
+                if mode == "rabit_py_spare":
+                    options = ["--spares", "1"]
+                if mode == "xgboost":
+                    extra += ["--xgboost-only", "--save-dir", folder]
+                    options = ["--max-restarts", "1", "--restart-delay", "0"]
+                    env = {"RABIT_ENGINE": "mpi"}
+                command = [sys.executable, "-m", "rabit_py.launcher", "-n", str(args.ranks),
+                           *options, "--", sys.executable, EXAMPLE, *common, *extra]
+                wall, out, killed_at = run_and_kill(command, env, cue if run else None, 1)
+            if not run:
+                walls.append(wall)
+                continue
+            after = [float(t) for r, t in re.findall(r"^ROUND 0 (\d+) ([\d.]+)", out, re.M)
+                     if int(r) > kill_round and float(t) > killed_at]
+            if not after:
+                raise SystemExit(f"no round after the kill ({mode}):\n{out[-4000:]}")
+            to_progress.append(after[0] - killed_at)
+            lost.append(wall - walls[0])
+        result[mode] = {"failure_free_wall": walls[0],
+                        "kill_to_progress": statistics.median(to_progress),
+                        "time_lost": statistics.median(lost), "runs": len(lost)}
+    return result
+
+
+def print_xgboost(result: Dict[str, object], ranks: int) -> None:
+    print(f"\nreal XGBoost, {ranks} workers, {result['rows']} rows, {result['rounds']} rounds, "
+          f"a save every {result['every']}; rank 1 killed at round {result['kill_round']} "
+          f"(median of {result['rabit_py']['runs']} runs, seconds)")
+    print(f"{'':>18}{'rabit_py':>10}{'+spare':>10}{'xgboost':>10}{'xgboost/rabit_py':>18}"
+          f"{'xgboost/spare':>15}")
+    for key in ("failure_free_wall", "kill_to_progress", "time_lost"):
+        a, s, b = (result[m][key] for m in ("rabit_py", "rabit_py_spare", "xgboost"))
+        print(f"{key:>18}{a:10.2f}{s:10.2f}{b:10.2f}{b / a:18.1f}{b / s:15.1f}")
+
+
 def durable_write_costs(reps: int = 9) -> Dict[int, tuple]:
     """(raw, durable first, durable steady) seconds per size (medians of ``reps``).
 
@@ -238,9 +331,23 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="rows of data each rank generates at start-up (data loading)")
     parser.add_argument("--json", default="bench-results/recovery.json")
     parser.add_argument("--plot", nargs="?", const="bench-results/recovery.png")
+    parser.add_argument("--xgboost", action="store_true", help="only the XGBoost comparison")
+    parser.add_argument("--xgb-rows", type=int, default=400_000)
+    parser.add_argument("--xgb-rounds", type=int, default=40)
+    parser.add_argument("--xgb-every", type=int, default=5)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.xgboost:
+        xgb = xgboost_comparison(args)
+        print_xgboost(xgb, args.ranks)
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as fh:
+            json.dump({"benchmark": "recovery", "ranks": args.ranks, "cores": os.cpu_count(),
+                       "date": time.strftime("%Y-%m-%d %H:%M:%S"), "xgboost": xgb}, fh,
+                      indent=1)
+        print(f"wrote {args.json}")
+        return 0
 
     common = ["--rounds", str(args.rounds), "--elements", str(args.elements),
               "--load-rows", str(args.load_rows)]
@@ -255,6 +362,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     restart = restart_comparison(args, common, base_wall, runs, spare_runs)
     writes = durable_write_costs()
+    xgb = xgboost_comparison(args)
 
     median = {k: statistics.median(r["steps"][k] for r in runs) for k in runs[0]["steps"]}
     spare_median = {k: statistics.median(r["steps"][k] for r in spare_runs)
@@ -290,12 +398,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     for size, (raw, first, steady) in writes.items():
         print(f"{size:>10}{raw * 1e3:10.2f}{first * 1e3:10.2f}{first / raw:8.2f}"
               f"{steady * 1e3:10.2f}{steady / raw:8.2f}")
+    print_xgboost(xgb, args.ranks)
     result = {"benchmark": "recovery", "ranks": args.ranks, "cores": os.cpu_count(),
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "base_wall": base_wall,
               "runs": runs, "spare_runs": spare_runs, "median": median,
               "spare_median": spare_median, "cache_bytes_per_round": cache,
               "checkpoint_seconds": costs, "restart": restart,
-              "durable_write_seconds": {str(k): v for k, v in writes.items()}}
+              "durable_write_seconds": {str(k): v for k, v in writes.items()},
+              "xgboost": xgb}
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as fh:
         json.dump(result, fh, indent=1)
