@@ -100,11 +100,14 @@ class TrainingError(RabitError):
 
     Attributes:
         rank: the rank whose error is quoted.
+        secondary: True on the ranks that only report ``rank``'s error (that
+            rank reports the cause to rabit-run, and ends the job).
     """
 
-    def __init__(self, message: str, rank: int) -> None:
+    def __init__(self, message: str, rank: int, secondary: bool = False) -> None:
         super().__init__(message)
         self.rank = rank
+        self.secondary = secondary
 
 
 class PeerFailure(Exception):

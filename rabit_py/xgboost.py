@@ -52,7 +52,9 @@ Failures that are not a lost peer end the job instead of looping: an error
 other than XGBoost's, at once; XGBoost failing ``max_failed_attempts`` times
 in a row with no replacement among the ranks (bad parameters, say). Both
 raise :class:`~rabit_py.TrainingError` on every rank (the failing rank
-re-raises its own error).
+re-raises its own error), after E, a broadcast of the error's text from the
+failing rank, and F, an allreduce that holds the failing rank back until
+every rank has that text.
 """
 
 from __future__ import annotations
@@ -363,13 +365,17 @@ class _Trainer:
         root = int(np.flatnonzero(outcomes == kind)[0])
         text = f"{type(error).__name__}: {_gist(error)}" if self._rank == root else None
         text = api.broadcast(text, root)                                   # E
+        # F: the root returns from its broadcast before the others have the
+        # text; if it raised at once, its abort could revoke the broadcast
+        # under them and they would report a nameless failure.
+        api.allreduce(np.zeros(1, np.int8), Op.SUM)                        # F
         if self._rank == root and kind == _ERROR and error is not None:
             raise error
         times = "" if kind == _ERROR else f" {self._failed_attempts} times in a row"
         raise TrainingError(
             f"rank {self._rank}: training stopped at round {state.next_round}: rank {root} "
-            f"failed{times}, not because a peer was lost: {text}", root) from (
-                error if self._rank == root else None)
+            f"failed{times}, not because a peer was lost: {text}", root,
+            secondary=self._rank != root) from (error if self._rank == root else None)
 
     def _close(self) -> None:
         session, self._session = self._session, None

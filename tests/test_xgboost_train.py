@@ -88,10 +88,14 @@ def assert_same_model(out, results, ref, replaced):
     shas = {r["sha"] for r in results.values()}
     assert shas == {ref[0]["sha"]}, f"booster bytes differ from the failure-free run\n" \
                                     f"{out[-6000:]}"
+    # A survivor left hanging inside XGBoost ends itself and is replaced too
+    # (Note [xgboost hang] in rabit_py/_xgb_session.py), saying so.
+    hung = {int(m) for m in re.findall(r"rabit_py: rank (\d+): XGBoost's communication "
+                                       r"thread ended while", out)}
     for rank, r in results.items():
         assert r["rounds"] == ref[rank]["rounds"] and r["history"] == ref[rank]["history"]
         assert r["predict"] == ref[rank]["predict"]
-        assert (r["trial"] > 0) == (rank in replaced), (rank, r)
+        assert (r["trial"] > 0) == (rank in replaced | hung), (rank, r, out[-6000:])
 
 
 def assert_failed_inside_xgboost(out, ranks):
@@ -194,7 +198,12 @@ def test_an_error_in_one_ranks_data_ends_the_job_with_its_message():
                     timeout=120, env=ENV)
     assert code != 0
     assert "ValueError: this rank's data file is unreadable" in out, out[-6000:]
+    assert "the job failed: a bug: rank 2: uncaught ValueError" in out, out[-6000:]
+    # Every other rank names rank 2: in TrainingError, or (one still inside
+    # the last call when rank 2 ends the job) in the engine's error.
     others = re.findall(r"TrainingError: rank (\d+): training stopped at round 0: rank 2 "
                         r"failed, not because a peer was lost: ValueError: this rank's data",
                         out)
-    assert others and set(map(int, others)) <= {0, 1, 3}, out[-6000:]
+    others += re.findall(r"RabitError: rank (\d+): rank 2 stopped the job with an uncaught "
+                         r"exception", out)
+    assert sorted(map(int, others)) == [0, 1, 3], out[-6000:]

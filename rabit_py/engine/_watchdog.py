@@ -185,16 +185,18 @@ def announce(ctrl: Any, comm: Any, rank: int, size: int, tag: int) -> None:
         log.exception("rank %d: announcing the end of the job failed", rank)
 
 
-def find_notice(ctrl: Any, wait: float) -> Optional[int]:
-    """The tag of a peer's notice (fatal first), looking for ``wait`` seconds."""
+def find_notice(ctrl: Any, wait: float) -> Optional[Tuple[int, int]]:
+    """A peer's notice (fatal first) as (tag, the rank that sent it), looking
+    for ``wait`` seconds."""
     from mpi4py import MPI
 
     deadline = time.monotonic() + wait
+    status = MPI.Status()
     while True:
         for tag in (FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG):
             try:
-                if ctrl.Iprobe(source=MPI.ANY_SOURCE, tag=tag):
-                    return tag
+                if ctrl.Iprobe(source=MPI.ANY_SOURCE, tag=tag, status=status):
+                    return tag, status.Get_source()
             except MPI.Exception:   # a dead peer on the control communicator
                 return None
         if time.monotonic() >= deadline:

@@ -54,6 +54,7 @@ _BOOL_OPS = {Op.MAX: MPI.LOR, Op.MIN: MPI.LAND, Op.BITOR: MPI.LOR,
              Op.BITAND: MPI.LAND, Op.BITXOR: MPI.LXOR}
 
 _SHM_CUSTOM_MIN_BYTES = 256 << 10
+SECONDARY_GRACE_S = 5.0         # an uncaught secondary error waits this long for the cause
 _ERR_PROC_FAILED = getattr(MPI, "ERR_PROC_FAILED", 75)
 _ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
 _PEER_PROBE_TAG = 7399          # never sent: probing it only drives MPI's progress
@@ -889,7 +890,8 @@ class MpiEngine(Engine):
         if self._ulfm and self._size > 1:
             announce(self._ctrl, self._comm, self._rank, self._size, tag)
 
-    def _notice(self, wait: float = 0.05) -> Optional[int]:
+    def _notice(self, wait: float = 0.05) -> Optional[Tuple[int, int]]:
+        """A peer's notice that it ends the job: (tag, its rank), or None."""
         return find_notice(self._ctrl, wait)
 
     def _timeout_message(self, token: tuple, positions: Dict[int, Position]) -> str:
@@ -903,15 +905,27 @@ class MpiEngine(Engine):
 
         def hook(exc_type: Any, exc: Any, tb: Any) -> None:
             previous(exc_type, exc, tb)
-            # A lost peer or a timeout may not happen again after a restart;
-            # any other uncaught exception is a bug that a restart repeats.
-            if not _is_secondary(exc):
+            told = None
+            if _is_secondary(exc):
+                # Another rank has the cause and is about to report it and
+                # end the job: give it the time to. Revoking first would break
+                # the calls of ranks that are still on their way to raising
+                # (they would report a nameless failure), and aborting first
+                # could kill that rank before rabit-run hears the cause. Once
+                # it has told the peers, telling them again would only make
+                # them name this rank instead.
+                told = self._notice(wait=SECONDARY_GRACE_S)
+            else:
+                # A lost peer or a timeout may not happen again after a
+                # restart; any other uncaught exception is a bug that a
+                # restart repeats.
                 self._reporter.fatal(RESTART if _is_restartable(exc) else BUG,
                                      f"rank {self._rank}: uncaught {exc_type.__name__}: {exc}")
             sys.stderr.write(f"rabit_py: rank {self._rank}: uncaught {exc_type.__name__}; "
                              f"aborting the job so the other ranks do not wait for it\n")
             sys.stderr.flush()
-            self._announce(FATAL_NOTICE_TAG)
+            if told is None:
+                self._announce(FATAL_NOTICE_TAG)
             abort_job(self._comm, self._reporter)
 
         self._saved_excepthook = previous

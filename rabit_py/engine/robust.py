@@ -715,14 +715,15 @@ class RobustEngine(MpiEngine):
         if fired or error_class not in (_ERR_REVOKED, _ERR_PROC_FAILED):
             return super()._failure(exc)
         notice = self._notice(wait=0.05 if error_class == _ERR_REVOKED else 0.0)
-        if notice == FATAL_NOTICE_TAG:
-            self._broken = (f"rank {self._rank}: another rank stopped the job with an uncaught "
+        tag, sender = notice if notice is not None else (None, None)
+        if tag == FATAL_NOTICE_TAG:
+            self._broken = (f"rank {self._rank}: rank {sender} stopped the job with an uncaught "
                             f"exception (see its traceback); a replacement would repeat the "
                             f"bug, so the job is not recovered")
             error = RabitError(self._broken)
             error.secondary = True      # type: ignore[attr-defined] # that rank reports it
             return error
-        if notice == TIMEOUT_NOTICE_TAG:
+        if tag == TIMEOUT_NOTICE_TAG:
             return super()._failure(exc)
         if error_class == _ERR_PROC_FAILED:
             try:
