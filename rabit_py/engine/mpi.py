@@ -865,6 +865,12 @@ class MpiEngine(Engine):
         self._broken = (f"{failure} -- the 'mpi' engine cannot recover from a failed rank. "
                         f"Run under rabit-run with engine='robust' (RABIT_ENGINE=robust) for "
                         f"in-job recovery, or restart the job from a durable checkpoint.")
+        # The job cannot go on, whatever the program does next: tell rabit-run
+        # now. A program that catches the error, or meets it at finalize
+        # (where the excepthook is gone), would otherwise leave the job to
+        # ranks that may never return (seen: survivors hung inside XGBoost
+        # while this rank waited for them in MPI_Finalize, for good).
+        self._reporter.fatal(RESTART, self._broken)
         return RecoveryError(self._broken)
 
     def _grace(self) -> float:
