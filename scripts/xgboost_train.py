@@ -15,7 +15,7 @@ the same, byte for byte.
 recovery; rabit_py only passes the tracker's address), saving the model to
 ``--save-dir`` every ``--every`` rounds and resuming from it when restarted:
 what an XGBoost user does today, for ``scripts/bench_recovery.py --xgboost``.
-It prints ``ROUND <rank> <round> <time>`` after each round (both modes).
+With ``--print-pid`` it prints ``ROUND <rank> <round> <time>`` after each round.
 """
 
 from __future__ import annotations
@@ -47,6 +47,10 @@ class Rounds(TrainingCallback):
         print(f"ROUND {rabit.get_rank()} {model.num_boosted_rounds() - 1} {time.time():.6f}",
               flush=True)
         return False
+
+
+def rounds(args: argparse.Namespace) -> list:
+    return [Rounds()] if args.print_pid else []
 
 
 class SaveEvery(TrainingCallback):
@@ -90,7 +94,7 @@ def train_xgboost_only(args: argparse.Namespace, X, y, Xv, yv) -> xgboost.Booste
         dtrain, dval = xgboost.DMatrix(X, label=y), xgboost.DMatrix(Xv, label=yv)
         booster = xgboost.train(PARAMS, dtrain, args.rounds - done, evals=[(dval, "val")],
                                 xgb_model=resume, verbose_eval=False,
-                                callbacks=[Rounds(), SaveEvery(path, args.every)])
+                                callbacks=rounds(args) + [SaveEvery(path, args.every)])
     if tracker is not None:
         tracker.wait_for(60)
     return booster
@@ -110,7 +114,8 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("--xgboost-only", action="store_true")
     parser.add_argument("--save-dir", default="xgboost-saves")
     parser.add_argument("--print-pid", action="store_true",
-                        help="print PID <rank> <pid> (for benchmarks that kill a rank)")
+                        help="print PID <rank> <pid> and ROUND <rank> <round> <time> lines "
+                             "(for benchmarks that kill a rank)")
     args = parser.parse_args(argv)
 
     with rabit.session():
@@ -128,7 +133,7 @@ def main(argv: list | None = None) -> int:
         else:
             booster = rxgb.train(PARAMS, X, y, num_boost_round=args.rounds,
                                  evals=[(Xv, yv, "val")], verbose_eval=not args.quiet,
-                                 checkpoint_every=args.every, callbacks=[Rounds()],
+                                 checkpoint_every=args.every, callbacks=rounds(args),
                                  timeout=args.timeout)
         raw = bytes(booster.save_raw("json"))
         if rank == 0:
