@@ -13,11 +13,10 @@ import os
 import warnings
 from typing import Any, Mapping, Optional
 
-from .gpu import BACKENDS as GPU_BACKENDS
-
-__all__ = ["Config", "ENGINES"]
+__all__ = ["Config", "ENGINES", "GPU_BACKENDS"]
 
 ENGINES = ("auto", "mpi", "robust", "mock")
+GPU_BACKENDS = ("auto", "staged", "nccl")       # Note [device arrays] in gpu/__init__.py
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _TRUE = {"1", "true", "yes", "on"}

@@ -20,97 +20,22 @@ survivors see a dead rank and replace it again instead of waiting.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from ._mpistart import MPI
 
 from ..errors import RecoveryError
+from ._join import JoinState, RepairTimes, free_comm, spawn_command, spawn_info
+from ._spares import join_pool_as_spawned
 
-__all__ = ["JoinState", "RepairTimes", "repair", "join_as_replacement", "is_replacement",
-           "spawn_command"]
+__all__ = ["repair", "join_as_replacement", "is_replacement"]
 
 log = logging.getLogger("rabit_py")
-
-
-@dataclasses.dataclass
-class JoinState:
-    """What survivor 0 tells the replacements when they join."""
-
-    dead: List[int]                  # old ranks being replaced, in spawn order
-    trials: Dict[int, int]           # rank -> times it has been replaced
-    recoveries: int                  # recoveries so far in this job
-    # With spares (Note [spares]): the ranks taken by spawned processes, the
-    # rest of ``dead`` being taken by spares; None without spares.
-    spawned: Optional[List[int]] = None
-    # Note [crash loop] in robust.py: ranks whose replacements have not caught
-    # up yet, and how many times in a row each died before catching up.
-    catching_up: List[int] = dataclasses.field(default_factory=list)
-    quick_deaths: Dict[int, int] = dataclasses.field(default_factory=dict)
-    # The job's settings (Config fields): a replacement takes them from here,
-    # since its environment carries only what fits in one MPI info value
-    # (_spawn_info).
-    settings: Optional[Dict[str, Any]] = None
-
-
-@dataclasses.dataclass
-class RepairTimes:
-    """Seconds spent in each step of the last repair (for the benchmark)."""
-
-    shrink: float = 0.0
-    spawn: float = 0.0
-    merge: float = 0.0
-    attempts: int = 0
-    # The ranks being spawned for while a spawn is under way (for the
-    # heartbeat: a rank dying then wedges the spawn; Note [stuck spawn] in
-    # rabit_py/_supervisor.py), else empty.
-    spawning: List[int] = dataclasses.field(default_factory=list)
-
-
-def spawn_command() -> Tuple[str, List[str]]:
-    """The interpreter and arguments that started this program."""
-    argv = list(getattr(sys, "orig_argv", []) or [sys.executable] + sys.argv)
-    return sys.executable, argv[1:]
-
-
-# What a replacement needs in its environment before it joins, most needed
-# first; the other RABIT_* settings come with the join state.
-_SPAWN_ENV_FIRST = ("PYTHONPATH", "PYTHONHASHSEED", "RABIT_RUN_STATUS_DIR", "RABIT_ENGINE",
-                    "RABIT_SPARES", "RABIT_RECOVERY_TIMEOUT", "RABIT_RESTART_COUNT")
-
-
-def spawn_environment(environ: Dict[str, str], limit: int) -> str:
-    """The ``PMIX_ENVAR`` value for a replacement: ``NAME=VALUE`` lines of the
-    import path and the ``RABIT_*`` settings, most needed first, as many as
-    fit in ``limit`` characters (an MPI info value: 255 in Open MPI; a value
-    longer than that made every spawn fail with MPI_ERR_INFO_VALUE, seen with
-    a long checkpoint path and a few settings)."""
-    names = [n for n in _SPAWN_ENV_FIRST if n in environ] + sorted(
-        n for n in environ if n.startswith("RABIT_") and n not in _SPAWN_ENV_FIRST)
-    lines: List[str] = []
-    for name in names:
-        line = f"{name}={environ[name]}"
-        if "\n" in line or len("\n".join(lines + [line])) > limit:
-            continue
-        lines.append(line)
-    return "\n".join(lines)
-
-
-def _spawn_info() -> "MPI.Info":
-    info = MPI.Info.Create()
-    info.Set("wdir", os.getcwd())
-    # The replacement is started by the MPI daemon, whose environment is not
-    # ours: pass the import path and the settings explicitly (the rest of the
-    # settings follow in JoinState.settings).
-    passed = spawn_environment(dict(os.environ), MPI.MAX_INFO_VAL - 1)
-    if passed:
-        info.Set("PMIX_ENVAR", passed)
-    return info
 
 
 def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
@@ -181,7 +106,7 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
                     if lost_error is not None:
                         raise lost_error from None    # with its restartable flag
                     raise
-                _free(shrunk)
+                free_comm(shrunk)
                 return new, replaced + replaced_now
             if check_dead is not None:
                 check_dead(shrunk, dead)
@@ -189,7 +114,7 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
             program, args = spawn_command()
             times.spawning = list(dead)
             inter = shrunk.Spawn(program, args=args, maxprocs=len(dead), root=0,
-                                 info=_spawn_info())
+                                 info=spawn_info())
             times.spawn += time.perf_counter() - t0
             log.debug("rank %d: spawned; merging", my_rank)
             t0 = time.perf_counter()
@@ -206,7 +131,7 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
                                     f"{new.Get_size()} and puts this process at rank "
                                     f"{new.Get_rank()}")
             for c in (inter, merged, shrunk):
-                _free(c)
+                free_comm(c)
             replaced += dead
             return new, replaced
         except MPI.Exception as exc:
@@ -265,22 +190,14 @@ def _join() -> Tuple[Optional["MPI.Intracomm"], int, JoinState, Any]:
         state: JoinState = merged.bcast(None, root=0)
         index = merged.Get_rank() - parent.Get_remote_size()
         if state.spawned is not None:
-            from ._spares import join_pool_as_spawned
             my_rank = state.spawned[index]
             comm, pool = join_pool_as_spawned(merged, my_rank)
             return comm, my_rank, state, pool
         my_rank = state.dead[index]
         comm = merged.Split(0, key=my_rank)
         comm.Set_errhandler(MPI.ERRORS_RETURN)
-        _free(merged)
+        free_comm(merged)
         return comm, my_rank, state, None
     except MPI.Exception as exc:
         _end_replacement(str(exc))
         raise  # unreachable
-
-
-def _free(comm: Any) -> None:
-    try:
-        comm.Free()
-    except Exception:  # noqa: BLE001 - freeing a communicator of a dead job part
-        pass

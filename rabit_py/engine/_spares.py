@@ -54,7 +54,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from ._mpistart import MPI
 
 from ..errors import RecoveryError
-from ._repair import JoinState, RepairTimes, _free, _spawn_info, spawn_command
+from ._join import JoinState, RepairTimes, free_comm, spawn_command, spawn_info
 
 __all__ = ["SparePool", "RELEASE_TAG"]
 
@@ -195,7 +195,7 @@ class SparePool:
                     pass                # a dead spare needs no release
 
     def free(self) -> None:
-        _free(self.pool)
+        free_comm(self.pool)
 
     # ------------------------------------------------------------ both
     def _rebuild_until_done(self, job_rank: int, size: int, make_state: Any,
@@ -217,7 +217,7 @@ class SparePool:
                 continue
             old, self.pool, self.roles = self.pool, rebuilt.pool, rebuilt.roles
             if old is not self.pool:
-                _free(old)
+                free_comm(old)
             return rebuilt
         raise RecoveryError(f"could not rebuild the job with its spares after {max_attempts} "
                             f"attempts: {last}")
@@ -255,19 +255,19 @@ class SparePool:
                 t0 = time.perf_counter()
                 program, args = spawn_command()
                 inter = shrunk.Spawn(program, args=args, maxprocs=len(spawned), root=leader,
-                                     info=_spawn_info())
+                                     info=spawn_info())
                 times.spawn += time.perf_counter() - t0
                 pool = inter.Merge(high=False)
                 pool.Set_errhandler(MPI.ERRORS_RETURN)
                 pool.bcast(dataclasses.replace(state, spawned=spawned), root=0)
-                _free(inter)
+                free_comm(inter)
                 times.spawning = []
             t0 = time.perf_counter()
             me = shrunk.Get_rank()
             new_rank = job_rank if job_rank >= 0 else taken.get(me, -1)
             rebuilt = self._split(pool, new_rank, state)
             if pool is not shrunk:
-                _free(shrunk)
+                free_comm(shrunk)
             times.merge += time.perf_counter() - t0
             return rebuilt
         except BaseException:

@@ -16,7 +16,6 @@ import logging
 import os
 import pickle
 import sys
-import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -41,6 +40,7 @@ from ._validate import check_allgather, check_allreduce, check_array_broadcast, 
 from ._watchdog import (FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, Position, Watchdog, announce,
                         deadline, exchange_positions, find_notice, timeout_message)
 from .._status import BUG, RESTART, Reporter
+from ._lifecycle import abort_init, abort_job, end_job_on_uncaught, install_excepthook
 from .base import DEVICE_TRANSPORT, CheckpointResult, Engine, PrepareFn
 
 __all__ = ["MpiEngine", "ulfm_enabled"]
@@ -54,7 +54,6 @@ _BOOL_OPS = {Op.MAX: MPI.LOR, Op.MIN: MPI.LAND, Op.BITOR: MPI.LOR,
              Op.BITAND: MPI.LAND, Op.BITXOR: MPI.LXOR}
 
 _SHM_CUSTOM_MIN_BYTES = 256 << 10
-SECONDARY_GRACE_S = 5.0         # an uncaught secondary error waits this long for the cause
 _ERR_PROC_FAILED = getattr(MPI, "ERR_PROC_FAILED", 75)
 _ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
 _PEER_PROBE_TAG = 7399          # never sent: probing it only drives MPI's progress
@@ -139,7 +138,7 @@ class MpiEngine(Engine):
         rank = base.Get_rank()
         # Dup is collective: a rank that never calls init() would hang it.
         with deadline(config.timeout if base.Get_size() > 1 else 0,
-                      lambda _: _abort_init(base, Reporter.for_rank(config.run_status_dir, rank),
+                      lambda _: abort_init(base, Reporter.for_rank(config.run_status_dir, rank),
                                             rank, config.timeout), "init"):
             self._adopt(base)
             hosts = (_check_same_settings(self._comm, config)
@@ -175,7 +174,7 @@ class MpiEngine(Engine):
                           if (config.timeout > 0 or reports) and self._size > 1 else None)
         self._saved_excepthook = None
         if self._size > 1:
-            self._install_excepthook()
+            self._saved_excepthook = install_excepthook(self._end_job_on_uncaught)
         # At exit (after the program's own code, before MPI_Finalize): a rank
         # that leaves without finalize() (sys.exit, a return, the end of the
         # script) is finalized on its behalf, which tells its peers; then
@@ -900,42 +899,13 @@ class MpiEngine(Engine):
         """A peer's notice that it ends the job: (tag, its rank), or None."""
         return find_notice(self._ctrl, wait)
 
+    def _end_job_on_uncaught(self, exc_type: Any, exc: BaseException) -> None:
+        """The excepthook's end of the job (Note [uncaught errors] in _lifecycle.py)."""
+        end_job_on_uncaught(exc_type, exc, self._rank, self._reporter, self._notice,
+                            lambda: self._announce(FATAL_NOTICE_TAG), self._comm)
+
     def _timeout_message(self, token: tuple, positions: Dict[int, Position]) -> str:
         return timeout_message(self._rank, self._size, self._config.timeout, token, positions)
-
-    def _install_excepthook(self) -> None:
-        # An uncaught exception on one rank would leave the others waiting (with
-        # ULFM a non-zero exit is not even detected): end the whole job at once,
-        # with the traceback. A replacement would only repeat the bug.
-        previous = sys.excepthook
-
-        def hook(exc_type: Any, exc: Any, tb: Any) -> None:
-            previous(exc_type, exc, tb)
-            told = None
-            if _is_secondary(exc):
-                # Another rank has the cause and is about to report it and
-                # end the job: give it the time to. Revoking first would break
-                # the calls of ranks that are still on their way to raising
-                # (they would report a nameless failure), and aborting first
-                # could kill that rank before rabit-run hears the cause. Once
-                # it has told the peers, telling them again would only make
-                # them name this rank instead.
-                told = self._notice(wait=SECONDARY_GRACE_S)
-            else:
-                # A lost peer or a timeout may not happen again after a
-                # restart; any other uncaught exception is a bug that a
-                # restart repeats.
-                self._reporter.fatal(RESTART if _is_restartable(exc) else BUG,
-                                     f"rank {self._rank}: uncaught {exc_type.__name__}: {exc}")
-            sys.stderr.write(f"rabit_py: rank {self._rank}: uncaught {exc_type.__name__}; "
-                             f"aborting the job so the other ranks do not wait for it\n")
-            sys.stderr.flush()
-            if told is None:
-                self._announce(FATAL_NOTICE_TAG)
-            abort_job(self._comm, self._reporter)
-
-        self._saved_excepthook = previous
-        sys.excepthook = hook
 
 
 def _duplicates(base: Any) -> Tuple[Any, Any]:
@@ -949,52 +919,3 @@ def _duplicates(base: Any) -> Tuple[Any, Any]:
     for c in (comm, ctrl):
         c.Set_errhandler(MPI.ERRORS_RETURN)
     return comm, ctrl
-
-
-def _causes(exc: BaseException) -> List[BaseException]:
-    """``exc`` and what it was raised from (wrappers such as KVStoreError)."""
-    chain: List[BaseException] = []
-    while exc is not None and exc not in chain:
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__      # type: ignore[assignment]
-    return chain
-
-
-def _is_restartable(exc: BaseException) -> bool:
-    """Whether a restart from the durable checkpoint may cure what ended a rank:
-    a lost peer, a timeout or an I/O error may not happen again; any other
-    uncaught exception is a bug that a restart repeats."""
-    return any(isinstance(e, (CollectiveTimeoutError, OSError))
-               or getattr(e, "restartable", False) for e in _causes(exc))
-
-
-def _is_secondary(exc: BaseException) -> bool:
-    """Whether ``exc`` only says that another rank ended the job (that rank
-    reports the cause)."""
-    return any(getattr(e, "secondary", False) for e in _causes(exc))
-
-
-def _abort_init(comm: Any, reporter: Reporter, rank: int, timeout: float) -> None:
-    message = (f"rank {rank}: init() did not complete within {timeout:g} s: some rank of "
-               f"the communicator did not call rabit.init() (it failed or is stuck before "
-               f"it). Aborting the job.")
-    sys.stderr.write(f"rabit_py: {message}\n")
-    sys.stderr.flush()
-    reporter.fatal(RESTART, message)
-    abort_job(comm, reporter)
-
-
-def abort_job(comm: Any, reporter: Optional[Reporter], code: int = 1,
-              fallback_s: float = 10.0) -> None:
-    """``MPI_Abort`` on ``comm``, made sure to end this process.
-
-    With ULFM, ``MPI_Abort`` can block for good when the job is recovering or
-    already revoked (seen in CI); the process then ends itself after
-    ``fallback_s`` seconds, leaving rabit-run a ``failed`` mark first
-    (``os._exit`` skips the atexit hook that writes it)."""
-    if reporter is not None:
-        reporter.exited(False)
-    timer = threading.Timer(fallback_s, os._exit, (code,))
-    timer.daemon = True
-    timer.start()
-    comm.Abort(code)

@@ -73,16 +73,16 @@ from ..errors import (CheckpointError, CollectiveMismatchError, PeerFailure, Rab
                       RecoveryError)
 from ..ops import OpLike, op_code
 from ._cache import BOOT, Entry, ResultCache, default_budget
-from ._repair import JoinState, RepairTimes, is_replacement, join_as_replacement, repair
+from ._join import JoinState, RepairTimes
+from ._repair import is_replacement, join_as_replacement, repair
 from ._signature import Kind
 from ._spares import SparePool, exit_released
 from ._validate import check_allreduce
 from ._watchdog import FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, deadline
 from .._status import BUG, RESTART, Reporter
 from .base import CheckpointResult, PrepareFn
-from .mpi import (_ERR_PROC_FAILED, _ERR_REVOKED, _NO_LAZY, MpiEngine, _abort_init, _duplicates,
-                  abort_job,
-                  ulfm_enabled)
+from ._lifecycle import abort_init, abort_job
+from .mpi import _ERR_PROC_FAILED, _ERR_REVOKED, _NO_LAZY, MpiEngine, _duplicates, ulfm_enabled
 
 __all__ = ["RobustEngine"]
 
@@ -140,7 +140,7 @@ class RobustEngine(MpiEngine):
             reporter = _spare_reporter(config) if world_rank >= MPI.COMM_WORLD.Get_size() - \
                 config.spares else Reporter.for_rank(config.run_status_dir, world_rank)
             with deadline(config.timeout,
-                          lambda _: _abort_init(MPI.COMM_WORLD, reporter, world_rank,
+                          lambda _: abort_init(MPI.COMM_WORLD, reporter, world_rank,
                                                 config.timeout), "init"):
                 pool, comm = SparePool.start(config.spares)
             if comm is None:

@@ -31,12 +31,13 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ..config import GPU_BACKENDS
 from ..errors import RabitError
 
 __all__ = ["is_device_array", "to_host", "allreduce", "broadcast", "allgather", "BACKENDS",
            "select_device"]
 
-BACKENDS = ("auto", "staged", "nccl")
+BACKENDS = GPU_BACKENDS
 
 
 def is_device_array(data: Any) -> bool:

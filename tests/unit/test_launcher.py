@@ -208,7 +208,7 @@ def test_an_abort_that_blocks_still_ends_the_rank(tmp_path):
         "import time\n"
         "import os\n"
         "from rabit_py._status import Reporter\n"
-        "from rabit_py.engine.mpi import abort_job\n"
+        "from rabit_py.engine._lifecycle import abort_job\n"
         "class StuckComm:\n"
         "    def Abort(self, code):\n"
         "        time.sleep(60)\n"

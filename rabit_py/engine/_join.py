@@ -1,0 +1,99 @@
+"""What the survivors' repair and the spare pool share: the state that
+replacements receive when they join, repair timings, and how a replacement is
+spawned (Note [repair] in ``_repair.py``, Note [spares] in ``_spares.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+from ._mpistart import MPI
+
+__all__ = ["JoinState", "RepairTimes", "spawn_command", "spawn_environment", "spawn_info",
+           "free_comm"]
+
+
+@dataclasses.dataclass
+class JoinState:
+    """What survivor 0 tells the replacements when they join."""
+
+    dead: List[int]                  # old ranks being replaced, in spawn order
+    trials: Dict[int, int]           # rank -> times it has been replaced
+    recoveries: int                  # recoveries so far in this job
+    # With spares (Note [spares]): the ranks taken by spawned processes, the
+    # rest of ``dead`` being taken by spares; None without spares.
+    spawned: Optional[List[int]] = None
+    # Note [crash loop] in robust.py: ranks whose replacements have not caught
+    # up yet, and how many times in a row each died before catching up.
+    catching_up: List[int] = dataclasses.field(default_factory=list)
+    quick_deaths: Dict[int, int] = dataclasses.field(default_factory=dict)
+    # The job's settings (Config fields): a replacement takes them from here,
+    # since its environment carries only what fits in one MPI info value
+    # (spawn_info).
+    settings: Optional[Dict[str, Any]] = None
+
+
+@dataclasses.dataclass
+class RepairTimes:
+    """Seconds spent in each step of the last repair (for the benchmark)."""
+
+    shrink: float = 0.0
+    spawn: float = 0.0
+    merge: float = 0.0
+    attempts: int = 0
+    # The ranks being spawned for while a spawn is under way (for the
+    # heartbeat: a rank dying then wedges the spawn; Note [stuck spawn] in
+    # rabit_py/_supervisor.py), else empty.
+    spawning: List[int] = dataclasses.field(default_factory=list)
+
+
+def spawn_command() -> Tuple[str, List[str]]:
+    """The interpreter and arguments that started this program."""
+    argv = list(getattr(sys, "orig_argv", []) or [sys.executable] + sys.argv)
+    return sys.executable, argv[1:]
+
+
+# What a replacement needs in its environment before it joins, most needed
+# first; the other RABIT_* settings come with the join state.
+_SPAWN_ENV_FIRST = ("PYTHONPATH", "PYTHONHASHSEED", "RABIT_RUN_STATUS_DIR", "RABIT_ENGINE",
+                    "RABIT_SPARES", "RABIT_RECOVERY_TIMEOUT", "RABIT_RESTART_COUNT")
+
+
+def spawn_environment(environ: Dict[str, str], limit: int) -> str:
+    """The ``PMIX_ENVAR`` value for a replacement: ``NAME=VALUE`` lines of the
+    import path and the ``RABIT_*`` settings, most needed first, as many as
+    fit in ``limit`` characters (an MPI info value: 255 in Open MPI; a value
+    longer than that made every spawn fail with MPI_ERR_INFO_VALUE, seen with
+    a long checkpoint path and a few settings)."""
+    names = [n for n in _SPAWN_ENV_FIRST if n in environ] + sorted(
+        n for n in environ if n.startswith("RABIT_") and n not in _SPAWN_ENV_FIRST)
+    lines: List[str] = []
+    for name in names:
+        line = f"{name}={environ[name]}"
+        if "\n" in line or len("\n".join(lines + [line])) > limit:
+            continue
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def spawn_info() -> "MPI.Info":
+    """The MPI info of a spawn: our working folder and environment."""
+    info = MPI.Info.Create()
+    info.Set("wdir", os.getcwd())
+    # The replacement is started by the MPI daemon, whose environment is not
+    # ours: pass the import path and the settings explicitly (the rest of the
+    # settings follow in JoinState.settings).
+    passed = spawn_environment(dict(os.environ), MPI.MAX_INFO_VAL - 1)
+    if passed:
+        info.Set("PMIX_ENVAR", passed)
+    return info
+
+
+def free_comm(comm: Any) -> None:
+    """Free ``comm``, ignoring errors (a communicator of a dead part of the job)."""
+    try:
+        comm.Free()
+    except Exception:  # noqa: BLE001 - freeing a communicator of a dead job part
+        pass
