@@ -68,7 +68,7 @@ class ResultCache:
 
     def __init__(self, budget: int = 0) -> None:
         self._entries: Dict[Key, Entry] = {}
-        self._pool: Dict[Tuple[int, str], List[np.ndarray]] = {}
+        self._pool: Dict[Tuple[Tuple[int, ...], str], List[np.ndarray]] = {}
         self.nbytes = 0
         self.budget = budget             # bytes; 0 = no limit
         self.refused = 0                 # results not kept since the last epoch change
@@ -110,11 +110,24 @@ class ResultCache:
         it); ``device``: the call's result was a device array."""
         if not self.fits(result.nbytes):
             return
-        flat = result.reshape(-1)
-        spares = self._pool.get((flat.size, flat.dtype.str))
-        copy = spares.pop() if spares else np.empty(flat.size, dtype=flat.dtype)
-        np.copyto(copy, flat)
-        self._put(key, Entry(kind, signature, copy.reshape(result.shape), device))
+        spares = self._pool.get((result.shape, result.dtype.str))
+        copy = spares.pop() if spares else np.empty(result.shape, dtype=result.dtype)
+        np.copyto(copy, result)
+        self._put(key, Entry(kind, signature, copy, device))
+
+    def buffer_like(self, data: np.ndarray) -> np.ndarray:
+        """A C-contiguous array of ``data``'s shape and dtype, reused from
+        dropped results when one is free (for :meth:`put_owned`)."""
+        spares = self._pool.get((data.shape, data.dtype.str))
+        return spares.pop() if spares else np.empty(data.shape, dtype=data.dtype)
+
+    def put_owned(self, key: Key, kind: int, signature: tuple, result: np.ndarray) -> None:
+        """Keep ``result`` itself (from :meth:`buffer_like`; the caller lets
+        go of it), or take it back for reuse if it does not fit."""
+        if self.fits(result.nbytes):
+            self._put(key, Entry(kind, signature, result))
+        else:
+            self._recycle(Entry(kind, signature, result))
 
     def put_bytes(self, key: Key, kind: int, signature: tuple, payload: bytes) -> None:
         """Keep immutable bytes as they are."""
@@ -149,11 +162,14 @@ class ResultCache:
         self.refused = 0
 
     def _recycle(self, entry: Entry) -> None:
-        if isinstance(entry.payload, np.ndarray):
-            flat = entry.payload.reshape(-1)
-            spares = self._pool.setdefault((flat.size, flat.dtype.str), [])
+        # Pooled by shape: a reshape on the way in and out cost more than the
+        # copy of a small result.
+        array = entry.payload
+        if isinstance(array, np.ndarray) and array.flags.c_contiguous \
+                and array.flags.writeable:
+            spares = self._pool.setdefault((array.shape, array.dtype.str), [])
             if len(spares) < 64:
-                spares.append(flat)
+                spares.append(array)
 
 
 def default_budget() -> int:

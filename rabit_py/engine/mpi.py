@@ -339,25 +339,40 @@ class MpiEngine(Engine):
     # ------------------------------------------------------------ collectives
     def allreduce(self, data: np.ndarray, op: OpLike,
                   prepare_fun: Optional[PrepareFn] = None) -> np.ndarray:
-        error = check_allreduce(data, op)
+        return self._allreduce(data, op, prepare_fun, check_allreduce(data, op))
+
+    def _allreduce(self, data: np.ndarray, op: OpLike, prepare_fun: Optional[PrepareFn],
+                   error: Optional[BaseException], out: Optional[np.ndarray] = None
+                   ) -> np.ndarray:
+        """The framed allreduce of ``data`` (``error``: the input check's
+        refusal). With ``out`` (C-contiguous, ``data``'s shape and dtype) the
+        result goes there and ``data`` keeps what it holds after
+        ``prepare_fun``, so a call that fails half-way can run again; every
+        rank must pass ``out`` or none (MPI_IN_PLACE is all or nothing).
+        Returns where the result is."""
         self._enter(Kind.ALLREDUCE, error, True,
                     (op, data.dtype, data.shape, None) if self._check and error is None else None)
+        target = data if out is None else out
         try:
             if prepare_fun is not None:
                 prepare_fun(data)
-            if self._size > 1:
-                if self._wants_shm(data, op):
-                    self._allreduce_shm(data, op)
-                elif isinstance(op, CustomOp):
-                    self._allreduce_custom(data, op, self._comm)
-                else:
-                    table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
-                    self._comm.Allreduce(MPI.IN_PLACE, data, op=table[op])
+            shm = self._size > 1 and self._wants_shm(data, op)
+            if self._size > 1 and not shm and not isinstance(op, CustomOp):
+                table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
+                self._comm.Allreduce(MPI.IN_PLACE if out is None else data, target,
+                                     op=table[op])
+            else:
+                if out is not None:
+                    np.copyto(out, data)        # the other paths reduce in place
+                if shm:
+                    self._allreduce_shm(target, op)
+                elif self._size > 1:
+                    self._allreduce_custom(target, op, self._comm)
         except MPI.Exception as exc:
             raise self._failure(exc) from exc
         finally:
             self._leave()
-        return data
+        return target
 
     # ---------------------------------------------------- shared memory
     def _wants_shm(self, data: np.ndarray, op: OpLike) -> bool:

@@ -165,7 +165,6 @@ class RobustEngine(MpiEngine):
         self._cache = ResultCache(config.cache_budget or default_budget())
         self._warned_budget = False
         self._last_cached: Optional[Key] = None
-        self._backup = np.empty(0, dtype=np.uint8)
         self._epoch = BOOT
         self._recovering = replacement
         self._has_version = not replacement
@@ -215,28 +214,30 @@ class RobustEngine(MpiEngine):
     def allreduce(self, data: np.ndarray, op: OpLike,
                   prepare_fun: Optional[PrepareFn] = None) -> np.ndarray:
         error = check_allreduce(data, op)
-        # An in-place MPI call that fails half-way leaves the buffer half
-        # reduced: keep the input to run the call again, unless prepare_fun
-        # can remake it.
-        # Past the cache budget no copy is kept (Note [cache budget]).
-        rerunnable = prepare_fun is not None or self._size == 1
-        backup = (self._backup_of(data) if error is None and not rerunnable
-                  and not self._cache.full else None)
-        runs = 0
+        key = self._next_key()
+        signature = (() if error else
+                     (Kind.ALLREDUCE, op_code(op), data.dtype.str, tuple(data.shape)))
 
-        def run() -> None:
-            nonlocal runs
-            runs += 1
-            if backup is not None:
-                np.copyto(data, backup)
-            elif runs > 1 and not rerunnable:
-                raise self._give_up(RecoveryError(
-                    f"rank {self._rank}: an allreduce past the cache budget failed half-way "
-                    f"and its input was not kept{self._cache.missing_hint()}"))
-            super(RobustEngine, self).allreduce(data, op, prepare_fun)
+        def execute() -> np.ndarray:
+            # Reduced out of place into the buffer the cache keeps: an MPI
+            # call that fails half-way leaves ``data`` as it was, so the call
+            # can run again after a recovery, and the result is copied once
+            # (Note [result cache]).
+            self._seqno = key[1]
+            out = self._cache.buffer_like(data) if error is None else None
+            MpiEngine._allreduce(self, data, op, prepare_fun, error, out)
+            self._check_revoked()
+            assert out is not None
+            np.copyto(data, out)
+            self._cache.put_owned(key, Kind.ALLREDUCE, signature, out)
+            self._thin(key)
+            return data
 
-        return self._numbered_allreduce(data, op, error, run, lambda: data,
-                                        lambda payload: np.copyto(data, payload))
+        def serve(entry: Entry) -> np.ndarray:
+            np.copyto(data, entry.payload)
+            return data
+
+        return self._call(Kind.ALLREDUCE, key, signature, execute, serve, error)
 
     def _numbered_allreduce(self, data: Any, op: OpLike, error: Optional[BaseException],
                             run: Callable[[], None], result: Callable[[], np.ndarray],
@@ -355,15 +356,6 @@ class RobustEngine(MpiEngine):
             return
         if (previous[1] - self._rank) % self._size >= copies:
             self._cache.drop(previous)
-
-    def _backup_of(self, data: np.ndarray) -> np.ndarray:
-        """A copy of ``data`` in a buffer reused from call to call (a fresh
-        allocation per call costs page faults as much as the copy itself)."""
-        if self._backup.nbytes < data.nbytes:
-            self._backup = np.empty(data.nbytes, dtype=np.uint8)
-        backup = self._backup[:data.nbytes].view(data.dtype).reshape(data.shape)
-        np.copyto(backup, data)
-        return backup
 
     # ------------------------------------------------------------ checkpoints
     def checkpoint(self, global_model: Any, local_model: Any = None) -> None:
