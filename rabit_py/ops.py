@@ -8,12 +8,12 @@ This module knows NumPy, not MPI: the engine maps these codes to MPI operators.
 from __future__ import annotations
 
 import zlib
-from typing import Callable, Union
+from typing import Callable, Dict, NamedTuple, Optional, Union
 
 import numpy as np
 
-__all__ = ["Op", "CustomOp", "OpLike", "check_op_dtype", "op_name", "op_code",
-           "DTYPES", "dtype_code"]
+__all__ = ["Op", "CustomOp", "OpLike", "OpInfo", "OPS", "check_op_dtype", "op_name",
+           "op_code", "DTYPES", "dtype_code"]
 
 ReduceFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
@@ -83,8 +83,27 @@ class Op:
 
 OpLike = Union[int, CustomOp]
 
-_NAMES = {Op.MAX: "MAX", Op.MIN: "MIN", Op.SUM: "SUM", Op.BITOR: "BITOR",
-          Op.PROD: "PROD", Op.BITAND: "BITAND", Op.BITXOR: "BITXOR"}
+
+class OpInfo(NamedTuple):
+    """What each layer calls a built-in op (the one table of them)."""
+
+    name: str
+    ufunc: np.ufunc                 # NumPy: shared-memory and host reductions
+    mpi: str                        # the mpi4py.MPI operator's name
+    mpi_bool: str                   # its name on C_BOOL (MPI has only logical ones)
+    nccl: Optional[str]             # the NCCL operator's name, None if NCCL has none
+
+
+OPS: Dict[int, OpInfo] = {
+    Op.MAX: OpInfo("MAX", np.maximum, "MAX", "LOR", "NCCL_MAX"),
+    Op.MIN: OpInfo("MIN", np.minimum, "MIN", "LAND", "NCCL_MIN"),
+    Op.SUM: OpInfo("SUM", np.add, "SUM", "", "NCCL_SUM"),
+    Op.BITOR: OpInfo("BITOR", np.bitwise_or, "BOR", "LOR", None),
+    Op.PROD: OpInfo("PROD", np.multiply, "PROD", "", "NCCL_PROD"),
+    Op.BITAND: OpInfo("BITAND", np.bitwise_and, "BAND", "LAND", None),
+    Op.BITXOR: OpInfo("BITXOR", np.bitwise_xor, "BXOR", "LXOR", None),
+}
+_NAMES = {code: info.name for code, info in OPS.items()}
 _BIT_OPS = frozenset({Op.BITOR, Op.BITAND, Op.BITXOR})
 _ORDER_OPS = frozenset({Op.MAX, Op.MIN})
 _ARITH_OPS = frozenset({Op.SUM, Op.PROD})

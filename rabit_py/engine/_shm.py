@@ -85,7 +85,7 @@ from mpi4py.util.dtlib import from_numpy_dtype
 from .._status import process_alive
 from ._mpistart import MPI
 
-__all__ = ["NodeReducer", "UFUNCS", "SUPPORTED", "host_groups"]
+__all__ = ["NodeReducer", "SUPPORTED", "host_groups"]
 
 _LINE = 64                              # bytes per flag (one cache line each)
 _FLAG_BYTES = 2 * _LINE                 # "in" and "out" flags of one rank
@@ -100,8 +100,6 @@ ERR_PROC_FAILED = getattr(MPI, "ERR_PROC_FAILED", 75)
 ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
 
 # Op code -> the NumPy ufunc that reduces two arrays (ops.Op values).
-UFUNCS = {0: np.maximum, 1: np.minimum, 2: np.add, 3: np.bitwise_or, 4: np.multiply,
-          5: np.bitwise_and, 6: np.bitwise_xor}
 
 
 def host_groups(hosts: Sequence[str], node_size: int = 0) -> List[int]:

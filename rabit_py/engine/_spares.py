@@ -54,13 +54,13 @@ from typing import Any, Callable, List, Optional, Tuple
 from ._mpistart import MPI
 
 from ..errors import RecoveryError
+from ._tags import RELEASE_TAG
 from ._join import JoinState, RepairTimes, free_comm, spawn_command, spawn_info
 
 __all__ = ["SparePool", "RELEASE_TAG"]
 
 log = logging.getLogger("rabit_py")
 
-RELEASE_TAG = 7400
 _POLL_SECONDS = 0.002
 
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 import numpy as np
 
 from ._signature import Kind
+from ._tags import FATAL_NOTICE_TAG, POSITIONS_TAG, TIMEOUT_NOTICE_TAG
 
 log = logging.getLogger("rabit_py")
 
@@ -36,9 +37,6 @@ __all__ = ["Watchdog", "deadline", "exchange_positions", "Position", "announce",
 
 # (version, seqno, kind, timed_out)
 Position = Tuple[int, int, int, int]
-_TAG = 7311
-TIMEOUT_NOTICE_TAG = 7312
-FATAL_NOTICE_TAG = 7313
 
 
 class Watchdog:
@@ -145,8 +143,8 @@ def exchange_positions(comm: Any, rank: int, size: int, mine: Position,
     try:
         sendbuf = np.array(mine, dtype=np.int64)
         recvbufs = {p: np.zeros(4, dtype=np.int64) for p in range(size) if p != rank}
-        sends = [comm.Isend(sendbuf, dest=p, tag=_TAG) for p in recvbufs]
-        recvs = {p: comm.Irecv(buf, source=p, tag=_TAG) for p, buf in recvbufs.items()}
+        sends = [comm.Isend(sendbuf, dest=p, tag=POSITIONS_TAG) for p in recvbufs]
+        recvs = {p: comm.Irecv(buf, source=p, tag=POSITIONS_TAG) for p, buf in recvbufs.items()}
         deadline = time.monotonic() + grace
         while recvs and time.monotonic() < deadline:
             for p, req in list(recvs.items()):

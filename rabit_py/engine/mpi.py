@@ -29,17 +29,18 @@ from .._store import DurableStore
 from ..config import Config
 from ..errors import (CheckpointError, CollectiveMismatchError, CollectiveTimeoutError,
                       PeerFailure, RabitError, RecoveryError)
-from ..ops import CustomOp, Op, OpLike, dtype_code
+from ..ops import OPS, CustomOp, OpLike, dtype_code
 from ._broadcast import (ARRAY, DEVICE, ERROR, HEADER_LEN, INLINE_DIMS, array_header,
                          header_dtype, inline_shape, root_header)
 from ._shm import SUPPORTED as SHM_SUPPORTED
-from ._shm import UFUNCS, NodeReducer, host_groups
+from ._shm import NodeReducer, host_groups
 from ._signature import (N_FIELDS, OBJECT, Call, Kind, agrees, call_signature, call_values,
                          describe_mismatch, fill_vector, mismatched_fields)
 from ._validate import check_allgather, check_allreduce, check_array_broadcast, check_root
 from ._watchdog import (FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, Position, Watchdog, announce,
                         deadline, exchange_positions, find_notice, timeout_message)
 from .._status import BUG, RESTART, Reporter
+from ._tags import PEER_PROBE_TAG
 from ._lifecycle import abort_init, abort_job, end_job_on_uncaught, install_excepthook
 from .base import DEVICE_TRANSPORT, CheckpointResult, Engine, PrepareFn
 
@@ -47,16 +48,13 @@ __all__ = ["MpiEngine", "ulfm_enabled"]
 
 log = logging.getLogger("rabit_py")
 
-_MPI_OPS = {Op.MAX: MPI.MAX, Op.MIN: MPI.MIN, Op.SUM: MPI.SUM, Op.PROD: MPI.PROD,
-            Op.BITOR: MPI.BOR, Op.BITAND: MPI.BAND, Op.BITXOR: MPI.BXOR}
-# MPI defines only logical operators on C_BOOL.
-_BOOL_OPS = {Op.MAX: MPI.LOR, Op.MIN: MPI.LAND, Op.BITOR: MPI.LOR,
-             Op.BITAND: MPI.LAND, Op.BITXOR: MPI.LXOR}
+_MPI_OPS = {code: getattr(MPI, info.mpi) for code, info in OPS.items()}
+# MPI defines only logical operators on C_BOOL (SUM/PROD on bool are refused).
+_BOOL_OPS = {code: getattr(MPI, info.mpi_bool) for code, info in OPS.items() if info.mpi_bool}
 
 _SHM_CUSTOM_MIN_BYTES = 256 << 10
 _ERR_PROC_FAILED = getattr(MPI, "ERR_PROC_FAILED", 75)
 _ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
-_PEER_PROBE_TAG = 7399          # never sent: probing it only drives MPI's progress
 
 _NO_LAZY = object()
 
@@ -243,7 +241,7 @@ class MpiEngine(Engine):
         if self._size == 1 or not self._ulfm:
             return
         try:
-            self._comm.Iprobe(MPI.ANY_SOURCE, _PEER_PROBE_TAG)   # lets MPI make progress
+            self._comm.Iprobe(MPI.ANY_SOURCE, PEER_PROBE_TAG)   # lets MPI make progress
             group = self._comm.Get_failed()
             failed = group.Get_size()
             group.Free()
@@ -419,7 +417,7 @@ class MpiEngine(Engine):
                     data, op.fn, lambda leaders: self._allreduce_custom(data, op, leaders))
             else:
                 table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
-                reducer.allreduce(data.reshape(-1), UFUNCS[op], lambda leaders: leaders.Allreduce(
+                reducer.allreduce(data.reshape(-1), OPS[op].ufunc, lambda leaders: leaders.Allreduce(
                     MPI.IN_PLACE, data, op=table[op]))
         except MPI.Exception:
             # Peers on other nodes may wait in the leaders' or a node's

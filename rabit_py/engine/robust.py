@@ -82,6 +82,7 @@ from ._watchdog import FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, deadline
 from .._status import BUG, RESTART, Reporter
 from .base import CheckpointResult, PrepareFn
 from ._lifecycle import abort_init, abort_job
+from ._tags import LOCAL_MODEL_TAG
 from .mpi import _ERR_PROC_FAILED, _ERR_REVOKED, _NO_LAZY, MpiEngine, _duplicates, ulfm_enabled
 
 __all__ = ["RobustEngine"]
@@ -91,7 +92,6 @@ log = logging.getLogger("rabit_py")
 Key = Tuple[int, int]
 _LOAD = 0                       # request code of load_checkpoint (served first)
 _NO_VERSION = int(np.iinfo(np.int64).min)
-_LOCAL_TAG = 7321
 _SERVED, _WAIT, _EXECUTE = "served", "wait", "execute"
 
 
@@ -567,9 +567,9 @@ class RobustEngine(MpiEngine):
                     raise self._local_model_lost(owner, version)
                 continue
             if self._rank == holder:
-                comm.send(self._replicas[owner], dest=owner, tag=_LOCAL_TAG)
+                comm.send(self._replicas[owner], dest=owner, tag=LOCAL_MODEL_TAG)
             elif self._rank == owner:
-                mine = comm.recv(source=holder, tag=_LOCAL_TAG)
+                mine = comm.recv(source=holder, tag=LOCAL_MODEL_TAG)
         if requesting and not self._has_version:
             self._version = version
             self._global_blob, self._lazy_global = blob, _NO_LAZY
@@ -644,8 +644,8 @@ class RobustEngine(MpiEngine):
         for i in range(1, copies + 1):
             src = (self._rank - i) % self._size
             got[src] = self._comm.sendrecv(blob, dest=(self._rank + i) % self._size,
-                                           sendtag=_LOCAL_TAG + i, source=src,
-                                           recvtag=_LOCAL_TAG + i)
+                                           sendtag=LOCAL_MODEL_TAG + i, source=src,
+                                           recvtag=LOCAL_MODEL_TAG + i)
         return got
 
     # ------------------------------------------------------------ failures

@@ -50,7 +50,7 @@ from typing import Any, Callable, List, Optional
 from ..engine.base import DEVICE_TRANSPORT
 from ..errors import CollectiveTimeoutError, RabitError
 from . import is_device_array
-from ..ops import Op
+from ..ops import OPS
 
 __all__ = ["NcclBackend", "nccl_reason", "takes_nccl"]
 
@@ -60,7 +60,7 @@ ATTACHMENT = DEVICE_TRANSPORT          # where the engine keeps this backend
 _DTYPES = {"b": "NCCL_INT8", "B": "NCCL_UINT8", "i": "NCCL_INT32", "I": "NCCL_UINT32",
            "l": "NCCL_INT64", "L": "NCCL_UINT64", "q": "NCCL_INT64", "Q": "NCCL_UINT64",
            "e": "NCCL_FLOAT16", "f": "NCCL_FLOAT32", "d": "NCCL_FLOAT64"}
-_OPS = {Op.SUM: "NCCL_SUM", Op.PROD: "NCCL_PROD", Op.MAX: "NCCL_MAX", Op.MIN: "NCCL_MIN"}
+_OPS = {code: info.nccl for code, info in OPS.items() if info.nccl}
 _SPIN_SECONDS = 1e-3            # poll without sleeping for this long, then nap
 _MAX_PIECE = 1 << 30            # bytes per ncclBroadcast: its count is a C int
 
