@@ -12,7 +12,8 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from . import gpu
+from .gpu import _dispatch as device_arrays
+from .gpu._arrays import is_device_array
 from .config import Config
 from .engine.base import CheckpointResult, Engine, PrepareFn
 from .errors import NotInitializedError, RabitError
@@ -175,8 +176,8 @@ def allreduce(data: np.ndarray, op: OpLike,
         NotInitializedError: before ``init()``.
     """
     engine = _current()
-    if gpu.is_device_array(data):
-        return gpu.allreduce(engine, engine.config.gpu_backend, data, op, prepare_fun)
+    if is_device_array(data):
+        return device_arrays.allreduce(engine, engine.config.gpu_backend, data, op, prepare_fun)
     return engine.allreduce(data, op, prepare_fun)
 
 
@@ -205,8 +206,8 @@ def broadcast(data: Any, root: int = 0) -> Any:
             as for :func:`allreduce`.
     """
     engine = _current()
-    if gpu.is_device_array(data):
-        return gpu.broadcast(engine, engine.config.gpu_backend, data, root)
+    if is_device_array(data):
+        return device_arrays.broadcast(engine, engine.config.gpu_backend, data, root)
     return engine.broadcast(data, root)
 
 
@@ -229,8 +230,8 @@ def allgather(data: np.ndarray) -> np.ndarray:
             as for :func:`allreduce`.
     """
     engine = _current()
-    if gpu.is_device_array(data):
-        return gpu.allgather(engine, engine.config.gpu_backend, data)
+    if is_device_array(data):
+        return device_arrays.allgather(engine, engine.config.gpu_backend, data)
     return engine.allgather(data)
 
 

@@ -101,7 +101,7 @@ def _shared_thread() -> _SharedThread:
 
 def _array_module(params: Sequence[Any]) -> Any:
     """numpy or cupy, whichever every parameter belongs to."""
-    from .gpu import is_device_array
+    from .gpu._arrays import is_device_array
 
     device = [is_device_array(p) for p in params]
     if any(device) and not all(device):

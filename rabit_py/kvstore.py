@@ -52,7 +52,7 @@ import numpy as np
 from . import api
 from .bucket import GradientBucketer
 from .errors import CheckpointError, KVStoreError, NotInitializedError
-from .gpu import is_device_array, to_host
+from .gpu._arrays import is_device_array, to_host
 from .ops import Op
 from .optimizer import Optimizer, Updater
 

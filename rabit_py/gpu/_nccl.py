@@ -49,7 +49,7 @@ from typing import Any, Callable, List, Optional
 
 from ..engine.base import DEVICE_TRANSPORT
 from ..errors import CollectiveTimeoutError, RabitError
-from . import is_device_array
+from ._arrays import is_device_array
 from ..ops import OPS
 
 __all__ = ["NcclBackend", "nccl_reason", "takes_nccl"]

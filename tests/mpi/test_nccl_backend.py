@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import rabit_py as rabit
-from rabit_py.gpu import _Staged
+from rabit_py.gpu._dispatch import _Staged
 from rabit_py.gpu._nccl import NcclBackend
 
 from .conftest import WORLD
