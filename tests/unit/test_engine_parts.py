@@ -1,0 +1,200 @@
+"""Unit tests of the engine's MPI-free parts: input checks (_validate), the
+broadcast header (_broadcast), the watchdog and timeout messages
+(_watchdog), and how an uncaught error is classified (_lifecycle)."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from rabit_py.engine import _broadcast as bc
+from rabit_py.engine._lifecycle import is_restartable, is_secondary
+from rabit_py.engine._signature import Kind
+from rabit_py.engine._validate import (check_allgather, check_allreduce, check_array_broadcast,
+                                       check_root)
+from rabit_py.engine._watchdog import Watchdog, deadline, timeout_message
+from rabit_py.errors import CollectiveTimeoutError, RabitError, RecoveryError, TrainingError
+from rabit_py.ops import DTYPES, Op
+
+# ------------------------------------------------------------------ _validate
+
+
+def test_allreduce_accepts_every_valid_op_and_dtype_pair():
+    for dtype in DTYPES:
+        data = np.zeros(3, dtype=dtype)
+        ok = [op for op in range(7) if check_allreduce(data, op) is None]
+        kind = dtype.kind
+        if kind == "b":
+            assert ok == [Op.MAX, Op.MIN, Op.BITOR, Op.BITAND, Op.BITXOR]
+        elif kind in "iu":
+            assert ok == list(range(7))
+        elif kind == "f":
+            assert ok == [Op.MAX, Op.MIN, Op.SUM, Op.PROD]
+        else:
+            assert ok == [Op.SUM, Op.PROD], dtype
+
+
+@pytest.mark.parametrize("data, op, kind, words", [
+    ([1.0, 2.0], Op.SUM, TypeError, "NumPy array, got list"),
+    (np.zeros((4, 4))[:, 1], Op.SUM, ValueError, "strided view"),
+    (np.zeros(3, dtype=">f8"), Op.SUM, TypeError, "does not support dtype"),
+    (np.zeros(3, dtype=object), Op.SUM, TypeError, "does not support dtype"),
+    (np.zeros(3), Op.BITOR, TypeError, "needs an integer or bool array"),
+    (np.zeros(3, dtype=np.complex64), Op.MAX, TypeError, "undefined for complex"),
+    (np.zeros(3, dtype=bool), Op.SUM, TypeError, "ambiguous"),
+    (np.zeros(3), 9, ValueError, "is not a reduction operator"),
+    (np.zeros(3), True, ValueError, "is not a reduction operator"),
+])
+def test_allreduce_refusals_say_what_to_do(data, op, kind, words):
+    error = check_allreduce(data, op)
+    assert isinstance(error, kind) and words in str(error), error
+
+
+def test_a_read_only_array_is_refused_in_place_but_fine_to_gather():
+    data = np.zeros(4)
+    data.flags.writeable = False
+    assert "read-only" in str(check_allreduce(data, Op.SUM))
+    assert "read-only" in str(check_array_broadcast(data))
+    assert check_allgather(data) is None
+    assert check_allgather(np.zeros((4, 4))[:, 1]) is None      # views are copied
+
+
+def test_allgather_needs_an_axis_to_concatenate():
+    assert "ndim >= 1" in str(check_allgather(np.array(1.0)))
+
+
+@pytest.mark.parametrize("root, size, kind", [
+    (0, 1, None), (3, 4, None), (np.int64(2), 4, None),
+    (4, 4, ValueError), (-1, 4, ValueError), (True, 4, TypeError), ("0", 4, TypeError),
+    (1.0, 4, TypeError)])
+def test_broadcast_roots(root, size, kind):
+    error = check_root(root, size)
+    assert (error is None) if kind is None else isinstance(error, kind), error
+
+
+# ----------------------------------------------------------------- _broadcast
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (2, 3), (1, 2, 3, 4), (1, 2, 3, 4, 5)])
+def test_an_array_header_carries_its_shape_and_dtype(shape):
+    data = np.zeros(shape, dtype=np.float32)
+    header, payload, error = bc.root_header(data)
+    assert payload is None and error is None and len(header) == bc.HEADER_LEN
+    assert header[0] == bc.ARRAY and header[1] == data.nbytes
+    assert bc.header_dtype(header) == np.float32
+    # More dimensions than the header holds travel in a second message.
+    assert bc.inline_shape(header) == (shape if len(shape) <= bc.INLINE_DIMS else None)
+
+
+def test_an_object_is_pickled_and_an_unpicklable_one_becomes_an_error_header():
+    header, payload, error = bc.root_header({"a": [1, 2]})
+    assert header[0] == bc.OBJECT and header[1] == len(payload) and error is None
+    assert pickle.loads(payload) == {"a": [1, 2]}
+    header, payload, error = bc.root_header(threading.Lock())
+    assert header[0] == bc.ERROR and header[1] == len(payload)
+    assert isinstance(error, TypeError) and b"lock" in payload
+
+
+def test_a_device_header_is_an_array_header_with_another_mode():
+    assert bc.array_header(bc.DEVICE, (2, 3), np.dtype(np.int64))[1:] == \
+        bc.array_header(bc.ARRAY, (2, 3), np.dtype(np.int64))[1:]
+
+
+# ------------------------------------------------------------------ _watchdog
+
+
+def test_the_watchdog_fires_once_for_a_call_that_overstays():
+    fired = []
+    dog = Watchdog(0.2, fired.append)
+    try:
+        dog.enter(("call", 1))
+        time.sleep(0.6)
+        assert fired == [("call", 1)] and dog.fired == ("call", 1)
+    finally:
+        dog.stop()
+
+
+def test_the_watchdog_does_not_fire_for_calls_that_end_in_time():
+    fired = []
+    dog = Watchdog(0.3, fired.append)
+    try:
+        for i in range(5):
+            dog.enter(i)
+            time.sleep(0.1)
+            dog.leave()
+        assert not dog.in_call
+        time.sleep(0.4)
+        assert fired == [] and dog.fired is None
+    finally:
+        dog.stop()
+
+
+def test_the_heartbeat_runs_outside_calls_and_a_failing_one_does_not_stop_it():
+    beats = []
+
+    def beat():
+        beats.append(time.monotonic())
+        if len(beats) == 1:
+            raise OSError("the status folder is gone")
+
+    dog = Watchdog(0, lambda _: None, heartbeat=beat, period=0.05)
+    try:
+        time.sleep(0.4)
+    finally:
+        dog.stop()
+    assert len(beats) >= 4
+
+
+def test_a_deadline_fires_only_when_the_block_overstays():
+    fired = []
+    with deadline(0.5, fired.append, "quick"):
+        time.sleep(0.05)
+    with deadline(0.1, fired.append, "slow"):
+        time.sleep(0.4)
+    with deadline(0, fired.append, "no limit"):
+        time.sleep(0.05)
+    assert fired == ["slow"]
+
+
+def test_timeout_messages_name_who_did_not_arrive_and_who_waited_elsewhere():
+    token = (Kind.ALLREDUCE, 3, 7)
+    here = (3, 7, Kind.ALLREDUCE)
+    positions = {0: here + (1,), 1: here + (0,), 3: (3, 6, Kind.BROADCAST, 0)}
+    text = timeout_message(0, 4, 30, token, positions)
+    assert text.startswith("rank 0: allreduce #7 (version 3) did not complete within 30 s.")
+    assert "Rank(s) 2 did not arrive (ranks 0,1 were waiting in it)." in text
+    assert "Rank 3 was waiting in broadcast #6 (version 3) instead." in text
+    other = timeout_message(1, 4, 30, token, positions)
+    assert other.startswith("rank 1: allreduce #7 (version 3) was aborted: rank(s) 0 timed out")
+    alone = timeout_message(0, 2, 5, token, {0: here + (1,)})
+    assert "Rank(s) 1 did not arrive" in alone
+
+
+# ----------------------------------------------------------------- _lifecycle
+
+
+def test_what_a_restart_may_cure():
+    assert is_restartable(CollectiveTimeoutError("late"))
+    assert is_restartable(OSError("disk"))
+    assert is_restartable(RecoveryError("lost", restartable=True))
+    assert not is_restartable(RecoveryError("lost for good", restartable=False))
+    assert not is_restartable(ValueError("a bug"))
+    try:
+        try:
+            raise OSError("disk")
+        except OSError as cause:
+            raise RuntimeError("wrapped") from cause
+    except RuntimeError as wrapped:
+        assert is_restartable(wrapped)
+
+
+def test_errors_that_only_report_another_ranks_are_secondary():
+    assert is_secondary(TrainingError("rank 2 failed", 2, secondary=True))
+    assert not is_secondary(TrainingError("rank 2 failed", 2))
+    error = RabitError("rank 1 stopped the job")
+    error.secondary = True
+    assert is_secondary(error) and not is_secondary(ValueError("x"))
