@@ -9,7 +9,7 @@ calls ``super()``.
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Optional, Tuple, Union
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -86,3 +86,59 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def finalize(self) -> None:
         """Leave the job. Collective. The engine is unusable afterwards."""
+
+    # ------------------------------------------------------------------
+    # What the GPU path (rabit_py.gpu) and the communication helpers call.
+
+    @property
+    def replays_results(self) -> bool:
+        """Whether a replacement's calls may be answered from a cache (the
+        robust engine): then a device transport must not make collective
+        decisions at every call, only inside executed ones."""
+        return False
+
+    @property
+    @abc.abstractmethod
+    def membership(self) -> int:
+        """Changes whenever the ranks behind the rank numbers change (a
+        recovery): transports made for the old ones must be made again."""
+
+    @abc.abstractmethod
+    def check_peers(self) -> None:
+        """Raise the engine's failure if it knows a peer is gone (for
+        transports that would wait for it forever, such as NCCL)."""
+
+    @abc.abstractmethod
+    def device_allreduce(self, data: Any, op: OpLike, prepare_fun: Optional[PrepareFn],
+                         reduce: Callable[[], None]) -> Any:
+        """An allreduce of a device array run by ``reduce()`` on another
+        transport (NCCL) as one of this engine's numbered calls (signature
+        check, watchdog, and with the robust engine replay); ``prepare_fun``
+        fills ``data`` first. Returns ``data``. Collective."""
+
+    @abc.abstractmethod
+    def device_transport(self) -> Any:
+        """The transport that carries device arrays in :meth:`broadcast` and
+        :meth:`device_allgather` (the attachment ``DEVICE_TRANSPORT``), or
+        None: then they are staged through host memory."""
+
+    @abc.abstractmethod
+    def device_allgather(self, data: Any) -> Any:
+        """:meth:`allgather` of a device array on :meth:`device_transport`, as
+        one of this engine's numbered calls. Returns a new device array.
+        Collective."""
+
+    @abc.abstractmethod
+    def side_allgather(self, obj: Any) -> List[Any]:
+        """Every rank's ``obj``, outside the numbered calls (to set up a
+        transport: not part of the program's call sequence). Collective."""
+
+    @abc.abstractmethod
+    def attach(self, name: str, resource: Any) -> Any:
+        """Keep ``resource`` (a NCCL communicator, pinned buffers, a decision)
+        with this engine; its ``close()`` runs at finalize. Returns it."""
+
+    @abc.abstractmethod
+    def attachment(self, name: str, make: Optional[Callable[[], Any]] = None) -> Any:
+        """What :meth:`attach` kept under ``name``; if nothing, ``make()``
+        attached there (None without ``make``)."""

@@ -89,6 +89,7 @@ __all__ = ["RobustEngine"]
 
 log = logging.getLogger("rabit_py")
 
+_AGAIN = object()       # a step of _until_done that must run again
 Key = Tuple[int, int]
 _LOAD = 0                       # request code of load_checkpoint (served first)
 _NO_VERSION = int(np.iinfo(np.int64).min)
@@ -396,31 +397,32 @@ class RobustEngine(MpiEngine):
 
     def load_checkpoint(self, with_local: bool = False) -> CheckpointResult:
         self._before_call(self._seqno)
-        while True:
-            try:
-                if not (self._recovering or not self._has_version):
-                    self._sync(Kind.LOAD_CHECKPOINT, None)
-                    if self._resume_pending:
-                        self._resume_from_disk()
-                    break
-                if self._has_version and self._resume_pending:
-                    # Note [fresh start with a store]: rounds at this call
-                    # until every rank reached it, then the resume together.
-                    key = (self._epoch, self._seqno)
-                    if self._guarded(Kind.LOAD_CHECKPOINT,
-                                     lambda: self._round(key))[0] != _EXECUTE:
-                        continue
-                    self._recovering = False
-                    self._catching_up, self._quick_deaths = [], {}
+
+        def step() -> Any:
+            if not (self._recovering or not self._has_version):
+                self._sync(Kind.LOAD_CHECKPOINT, None)
+                if self._resume_pending:
                     self._resume_from_disk()
-                    break
-                # A replacement (or any rank while recovering) asks the survivors.
-                if self._guarded(Kind.LOAD_CHECKPOINT, lambda: self._round(None))[0] == _SERVED:
-                    if self._resume_pending:
-                        continue        # learned in the round: resume with the others
-                    break
-            except PeerFailure:
-                self._recover()
+                return None
+            if self._has_version and self._resume_pending:
+                # Note [fresh start with a store]: rounds at this call
+                # until every rank reached it, then the resume together.
+                key = (self._epoch, self._seqno)
+                if self._guarded(Kind.LOAD_CHECKPOINT,
+                                 lambda: self._round(key))[0] != _EXECUTE:
+                    return _AGAIN
+                self._recovering = False
+                self._catching_up, self._quick_deaths = [], {}
+                self._resume_from_disk()
+                return None
+            # A replacement (or any rank while recovering) asks the survivors.
+            if self._guarded(Kind.LOAD_CHECKPOINT, lambda: self._round(None))[0] == _SERVED:
+                if self._resume_pending:
+                    return _AGAIN       # learned in the round: resume with the others
+                return None
+            return _AGAIN
+
+        self._until_done(step)
         self._start_epoch()
         return self._checkpoint_result(with_local)
 
@@ -477,24 +479,21 @@ class RobustEngine(MpiEngine):
     def _call(self, kind: int, key: Key, signature: tuple, execute: Callable[[], Any],
               serve: Optional[Callable[[Entry], Any]], error: Optional[BaseException]) -> Any:
         """Run one call: normally, or by rounds while recovering."""
-        while True:
+
+        def step() -> Any:
             if self._recovering:
                 if error is not None:
                     raise error
-                try:
-                    outcome, entry = self._guarded(kind, lambda: self._round(key))
-                except PeerFailure:
-                    self._recover()
-                    continue
+                outcome, entry = self._guarded(kind, lambda: self._round(key))
                 if outcome == _WAIT:
-                    continue
+                    return _AGAIN
                 if outcome == _SERVED:
                     self._seqno = key[1] + 1
                     if entry.signature != signature:
                         raise CollectiveMismatchError(
                             f"rank {self._rank}: after recovery, call #{key[1]} of version "
-                            f"{self._version} is {Kind.NAMES.get(kind)} {signature[1:]} but the "
-                            f"other ranks ran {Kind.NAMES.get(entry.kind)} "
+                            f"{self._version} is {Kind.NAMES.get(kind)} {signature[1:]} but "
+                            f"the other ranks ran {Kind.NAMES.get(entry.kind)} "
                             f"{entry.signature[1:]}: the program must make the same calls on "
                             f"every run")
                     self._cache.put_entry(key, entry)
@@ -503,10 +502,23 @@ class RobustEngine(MpiEngine):
                 self._catching_up, self._quick_deaths = [], {}   # everyone caught up
                 if self.recovery_log and "resumed" not in self.recovery_log[-1]:
                     self.recovery_log[-1]["resumed"] = time.time()
+            return execute()
+
+        return self._until_done(step)
+
+    def _until_done(self, step: Callable[[], Any]) -> Any:
+        """Run ``step`` until it returns something else than ``_AGAIN``. The
+        one place where a lost peer (PeerFailure, from any MPI call of the
+        step) is caught: the job is repaired (Note [repair]) and the step
+        runs again, as a round of the recovery protocol or for real."""
+        while True:
             try:
-                return execute()
+                result = step()
             except PeerFailure:
                 self._recover()
+                continue
+            if result is not _AGAIN:
+                return result
 
     def _round(self, key: Optional[Key]) -> Tuple[str, Optional[Entry]]:
         """One round of the recovery protocol; ``key`` None asks for the checkpoint."""

@@ -24,7 +24,7 @@ def _nccl_backend(engine: Any, backend: str, data: Any, op: Any) -> Any:
 
     if not takes_nccl(data, op):
         return None
-    if getattr(engine, "replays_results", False):
+    if engine.replays_results:
         # The robust engine: a replacement's calls may be served from the
         # cache while the others wait in recovery rounds, so no collective
         # decision here; NCCL only when asked for (one GPU per rank assumed).
