@@ -11,9 +11,7 @@ overrides :meth:`MpiEngine._peer_failed`).
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import logging
-import os
 import pickle
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -29,89 +27,31 @@ from .._store import DurableStore
 from ..config import Config
 from ..errors import (CheckpointError, CollectiveMismatchError, CollectiveTimeoutError,
                       PeerFailure, RabitError, RecoveryError)
-from ..ops import OPS, CustomOp, OpLike, dtype_code
+from ..ops import OpLike, dtype_code
 from ._broadcast import (ARRAY, DEVICE, ERROR, HEADER_LEN, INLINE_DIMS, array_header,
                          header_dtype, inline_shape, root_header)
-from ._shm import SUPPORTED as SHM_SUPPORTED
-from ._shm import NodeReducer, host_groups
+from ._reduce import HostReduce
 from ._signature import (N_FIELDS, OBJECT, Call, Kind, agrees, call_signature, call_values,
                          describe_mismatch, fill_vector, mismatched_fields)
 from ._validate import check_allgather, check_allreduce, check_array_broadcast, check_root
 from ._watchdog import (FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, Position, Watchdog, announce,
                         deadline, exchange_positions, find_notice, timeout_message)
-from .._status import BUG, RESTART, Reporter
+from .._status import RESTART, Reporter
+from ._startup import check_same_settings, duplicates, ulfm_enabled
 from ._tags import PEER_PROBE_TAG
 from ._lifecycle import abort_init, abort_job, end_job_on_uncaught, install_excepthook
 from .base import DEVICE_TRANSPORT, CheckpointResult, Engine, PrepareFn
 
-__all__ = ["MpiEngine", "ulfm_enabled"]
+__all__ = ["MpiEngine"]
 
 log = logging.getLogger("rabit_py")
 
-_MPI_OPS = {code: getattr(MPI, info.mpi) for code, info in OPS.items()}
-# MPI defines only logical operators on C_BOOL (SUM/PROD on bool are refused).
-_BOOL_OPS = {code: getattr(MPI, info.mpi_bool) for code, info in OPS.items() if info.mpi_bool}
 
-_SHM_CUSTOM_MIN_BYTES = 256 << 10
 _ERR_PROC_FAILED = getattr(MPI, "ERR_PROC_FAILED", 75)
 _ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
 
 _NO_LAZY = object()
 
-
-
-# Settings that may differ from rank to rank (everything else must agree).
-_PER_RANK_SETTINGS = frozenset({"log_level"})
-
-
-def _check_same_settings(comm: Any, config: Config) -> List[str]:
-    """At start-up, collectively: every rank must run with the same settings
-    (on several hosts a ``RABIT_*`` variable that was not forwarded leaves
-    some ranks without it; seen: ranks without the checkpoint folder, and the
-    others waiting for them in ``load_checkpoint`` until the timeout).
-    Returns each rank's host (for Note [fixed groups] in ``_shm.py``).
-
-    Raises:
-        RabitError: on every rank, naming each setting that differs and which
-            ranks have which value.
-    """
-    mine = {k: v for k, v in dataclasses.asdict(config).items() if k not in _PER_RANK_SETTINGS}
-    gathered = comm.allgather((mine, MPI.Get_processor_name()))
-    everyone = [g[0] for g in gathered]
-    differ = []
-    for name in mine:
-        holders: Dict[str, List[int]] = {}
-        for rank, settings in enumerate(everyone):
-            holders.setdefault(repr(settings.get(name)), []).append(rank)
-        if len(holders) > 1:
-            values = "; ".join(f"{value} on rank(s) {_ranks(ranks)}"
-                               for value, ranks in holders.items())
-            differ.append(f"{name} (RABIT_{name.upper()}): {values}")
-    if differ:
-        message = (f"rank {comm.Get_rank()}: the ranks were started with different rabit_py "
-                   f"settings: {' | '.join(differ)}. Settings come from RABIT_* variables and "
-                   f"init() arguments and must be the same on every rank: across hosts, "
-                   f"forward the variables (rabit-run does; with mpirun add -x RABIT_NAME for "
-                   f"each)")
-        # A restart would start the job the same way.
-        Reporter.for_rank(config.run_status_dir, comm.Get_rank()).fatal(BUG, message)
-        raise RabitError(message)
-    return [g[1] for g in gathered]
-
-
-def _ranks(ranks: List[int]) -> str:
-    return ", ".join(map(str, ranks)) if len(ranks) <= 8 else \
-        f"{', '.join(map(str, ranks[:8]))} and {len(ranks) - 8} more"
-
-
-def ulfm_enabled() -> bool:
-    """Whether this process runs with MPI fault tolerance (ULFM).
-
-    Open MPI sets ``OMPI_MCA_mpi_ft_enable`` in the ranks it starts with
-    ``mpirun --with-ft ulfm`` (``rabit-run`` adds the flag).
-    """
-    flag = os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower()
-    return flag in ("1", "true", "yes", "on", "enabled") and hasattr(MPI.Comm, "Revoke")
 
 
 class MpiEngine(Engine):
@@ -133,17 +73,18 @@ class MpiEngine(Engine):
             raise TypeError(f"comm must be an mpi4py intra-communicator (e.g. MPI.COMM_WORLD "
                             f"or a Split of it), got {type(base).__name__}")
         self._config = config
+        self._watchdog: Optional[Watchdog] = None
+        self._reduce = HostReduce(config, ulfm_enabled(), lambda: self._watchdog is not None
+                                  and self._watchdog.fired is not None)
         rank = base.Get_rank()
         # Dup is collective: a rank that never calls init() would hang it.
         with deadline(config.timeout if base.Get_size() > 1 else 0,
                       lambda _: abort_init(base, Reporter.for_rank(config.run_status_dir, rank),
                                             rank, config.timeout), "init"):
             self._adopt(base)
-            hosts = (_check_same_settings(self._comm, config)
+            hosts = (check_same_settings(self._comm, config)
                      if check_settings and self._size > 1 else None)
-        # Note [fixed groups] in _shm.py: the hosts of the job's start.
-        self._groups: Optional[List[int]] = (host_groups(hosts, config.node_size)
-                                             if hosts else None)
+        self._reduce.set_hosts(hosts)
         self._ulfm = ulfm_enabled()
         self._check = config.check and self._size > 1
         self._version = 0
@@ -188,15 +129,14 @@ class MpiEngine(Engine):
         """Run on duplicates of ``base`` (a collective call on it)."""
         # Control traffic (who is late, after a timeout) must still flow when
         # the data communicator has been revoked.
-        self._use(*_duplicates(base))
+        self._use(*duplicates(base))
 
     def _use(self, comm: Any, ctrl: Any) -> None:
         """Run on ``comm``, with ``ctrl`` for control traffic."""
         self._comm, self._ctrl = comm, ctrl
         self._rank = self._comm.Get_rank()
         self._size = self._comm.Get_size()
-        # Built on this communicator at the first call that wants it.
-        self._shm: Optional[NodeReducer] = None
+        self._reduce.use(comm)
 
     # ------------------------------------------------------------------ info
     @property
@@ -350,110 +290,15 @@ class MpiEngine(Engine):
         Returns where the result is."""
         self._enter(Kind.ALLREDUCE, error, True,
                     (op, data.dtype, data.shape, None) if self._check and error is None else None)
-        target = data if out is None else out
         try:
             if prepare_fun is not None:
                 prepare_fun(data)
-            shm = self._size > 1 and self._wants_shm(data, op)
-            if self._size > 1 and not shm and not isinstance(op, CustomOp):
-                table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
-                self._comm.Allreduce(MPI.IN_PLACE if out is None else data, target,
-                                     op=table[op])
-            else:
-                if out is not None:
-                    np.copyto(out, data)        # the other paths reduce in place
-                if shm:
-                    self._allreduce_shm(target, op)
-                elif self._size > 1:
-                    self._allreduce_custom(target, op, self._comm)
+            self._reduce.run(data, op, out)
         except MPI.Exception as exc:
             raise self._failure(exc) from exc
         finally:
             self._leave()
-        return target
-
-    # ---------------------------------------------------- shared memory
-    def _wants_shm(self, data: np.ndarray, op: OpLike) -> bool:
-        """Whether this call takes the shared-memory path (Note [shm
-        allreduce] in ``_shm.py``). Depends only on what every rank shares
-        (size, op, settings), so every rank takes the same path."""
-        threshold = self._config.shm_min_bytes
-        if isinstance(op, CustomOp):
-            # MPI reduces a custom op on the whole array as one element, with
-            # no pipelining: through shared memory it was 1.8-3.7x faster
-            # from 256 KiB, and within noise at 64 KiB (bench_collectives.py).
-            threshold = min(threshold, _SHM_CUSTOM_MIN_BYTES)
-        if not self._config.shm or not SHM_SUPPORTED or data.nbytes < max(1, threshold):
-            return False
-        if self._shm is None:
-            self._groups = self._agreed_groups()
-            self._shm = NodeReducer(self._comm, self._groups, interrupted=self._shm_interrupted)
-            if self._shm.max_node_size == 1:
-                log.debug("rank %d: one rank per node: shared-memory allreduce off", self._rank)
-        if self._shm.max_node_size == 1:
-            return False
-        # A non-commutative reducer must see the ranks in order, which node
-        # blocks need not be: MPI keeps it when the job spans nodes.
-        return not (isinstance(op, CustomOp) and not op.commute and self._shm.nodes > 1)
-
-    def _agreed_groups(self) -> List[int]:
-        """Note [fixed groups] in ``_shm.py``: the groups of the job's start,
-        which a replacement learns from the survivors (collective)."""
-        known = np.full(self._size, -1, dtype=np.int64) if self._groups is None \
-            else np.array(self._groups, dtype=np.int64)
-        self._comm.Allreduce(MPI.IN_PLACE, known, op=MPI.MAX)
-        if known[0] < 0:        # nobody knew (no start-up exchange): the hosts now
-            return host_groups(self._comm.allgather(MPI.Get_processor_name()),
-                               self._config.node_size)
-        return [int(g) for g in known]
-
-    def _allreduce_shm(self, data: np.ndarray, op: OpLike) -> None:
-        """``data`` is C-contiguous: check_allreduce refuses anything else."""
-        reducer = self._shm
-        assert reducer is not None
-        try:
-            if isinstance(op, CustomOp):
-                reducer.allreduce_custom(
-                    data, op.fn, lambda leaders: self._allreduce_custom(data, op, leaders))
-            else:
-                table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
-                reducer.allreduce(data.reshape(-1), OPS[op].ufunc, lambda leaders: leaders.Allreduce(
-                    MPI.IN_PLACE, data, op=table[op]))
-        except MPI.Exception:
-            # Peers on other nodes may wait in the leaders' or a node's
-            # collective, which only a revoke interrupts; the reducer is
-            # rebuilt on the repaired communicator.
-            if self._ulfm:
-                reducer.revoke()
-            self._shm = None
-            raise
-
-    def _shm_interrupted(self) -> Optional[int]:
-        """For the shared-memory waits: the MPI error class to leave with."""
-        if self._watchdog is not None and self._watchdog.fired is not None:
-            return _ERR_REVOKED
-        if self._ulfm and (self._comm.Is_revoked()
-                           or (self._shm is not None and self._shm.is_revoked())):
-            return _ERR_REVOKED
-        return None
-
-    def _allreduce_custom(self, data: np.ndarray, op: CustomOp, comm: Any) -> None:
-        dtype, shape, fn = data.dtype, data.shape, op.fn
-
-        def combine(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
-            # MPI computes inout = in (op) inout, "in" coming from lower ranks.
-            a = np.frombuffer(inbuf, dtype=dtype).reshape(shape)
-            b = np.frombuffer(inoutbuf, dtype=dtype).reshape(shape)
-            b[...] = fn(a, b)
-
-        mpi_op = MPI.Op.Create(combine, commute=op.commute)
-        # One element covering the whole array, so MPI never hands fn pieces.
-        whole = MPI.BYTE.Create_contiguous(data.nbytes).Commit()
-        try:
-            comm.Allreduce(MPI.IN_PLACE, [data, 1, whole], op=mpi_op)
-        finally:
-            whole.Free()
-            mpi_op.Free()
+        return data if out is None else out
 
     def broadcast(self, data: Any, root: int = 0) -> Any:
         error = check_root(root, self._size)
@@ -919,16 +764,3 @@ class MpiEngine(Engine):
 
     def _timeout_message(self, token: tuple, positions: Dict[int, Position]) -> str:
         return timeout_message(self._rank, self._size, self._config.timeout, token, positions)
-
-
-def _duplicates(base: Any) -> Tuple[Any, Any]:
-    """Two duplicates of ``base`` that return errors (collective)."""
-    comm = base.Dup()
-    try:
-        ctrl = base.Dup()
-    except BaseException:
-        comm.Free()
-        raise
-    for c in (comm, ctrl):
-        c.Set_errhandler(MPI.ERRORS_RETURN)
-    return comm, ctrl

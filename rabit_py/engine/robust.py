@@ -83,7 +83,8 @@ from .._status import BUG, RESTART, Reporter
 from .base import CheckpointResult, PrepareFn
 from ._lifecycle import abort_init, abort_job
 from ._tags import LOCAL_MODEL_TAG
-from .mpi import _ERR_PROC_FAILED, _ERR_REVOKED, _NO_LAZY, MpiEngine, _duplicates, ulfm_enabled
+from ._startup import duplicates, ulfm_enabled
+from .mpi import _ERR_PROC_FAILED, _ERR_REVOKED, _NO_LAZY, MpiEngine
 
 __all__ = ["RobustEngine"]
 
@@ -759,7 +760,7 @@ class RobustEngine(MpiEngine):
         (uniformly, even with new failures) whether it worked everywhere."""
         comms: Optional[Tuple[Any, Any]] = None
         try:
-            comms = _duplicates(new)
+            comms = duplicates(new)
         except MPI.Exception:
             pass
         try:

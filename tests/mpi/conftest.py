@@ -21,7 +21,7 @@ def pytest_collection_modifyitems(items: List[Any]) -> None:
 
 
 def _engines():
-    from rabit_py.engine.mpi import ulfm_enabled
+    from rabit_py.engine._startup import ulfm_enabled
     return ["mpi", "robust"] if ulfm_enabled() else ["mpi"]
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import rabit_py as rabit
 from rabit_py import CollectiveMismatchError, CollectiveTimeoutError, Op
-from rabit_py.engine.mpi import ulfm_enabled
+from rabit_py.engine._startup import ulfm_enabled
 
 from .conftest import WORLD, needs_ranks
 

@@ -9,7 +9,7 @@ import pytest
 import rabit_py as rabit
 from rabit_py import Op
 
-from rabit_py.engine.mpi import ulfm_enabled as rabit_ulfm
+from rabit_py.engine._startup import ulfm_enabled as rabit_ulfm
 
 from .conftest import WORLD, _engines, same_on_all_ranks
 from .test_collectives import CASES, expected, rank_input
@@ -43,7 +43,7 @@ def hierarchical(node_size):
 
 def test_shm_path_is_taken(shm_session):
     rabit.allreduce(np.ones(16), Op.SUM)
-    reducer = rabit.api._engine._shm
+    reducer = rabit.api._engine._reduce._shm
     if SIZE == 1:
         assert reducer is None                       # one rank: nothing to share
     else:
@@ -124,7 +124,7 @@ def test_shm_off_by_setting():
         data = np.full(300_000, RANK + 1.0)
         rabit.allreduce(data, Op.SUM)
         assert (data == SIZE * (SIZE + 1) / 2).all()
-        assert rabit.api._engine._shm is None
+        assert rabit.api._engine._reduce._shm is None
     finally:
         rabit.finalize()
 
@@ -154,11 +154,11 @@ def test_custom_reducers_take_shared_memory_from_256_kib_by_default(session):
 
     small = np.full(10_000, RANK + 1.0)                # 80 KB: stays on MPI
     rabit.allreduce(small, Op.create(add))
-    assert rabit.api._engine._shm is None
+    assert rabit.api._engine._reduce._shm is None
     large = np.full(100_000, RANK + 1.0)               # 800 KB: shared memory
     rabit.allreduce(large, Op.create(add))
     assert (small == SIZE * (SIZE + 1) / 2).all() and (large == SIZE * (SIZE + 1) / 2).all()
-    assert (rabit.api._engine._shm is not None) == (SIZE > 1)
+    assert (rabit.api._engine._reduce._shm is not None) == (SIZE > 1)
 
 
 # ---------------------------------------------------------------- fixed groups
@@ -190,7 +190,7 @@ def test_a_group_split_across_hosts_gives_the_same_bits(groups):
 
     from rabit_py.engine._shm import SUPPORTED
     from rabit_py.ops import OPS
-    from rabit_py.engine.mpi import _BOOL_OPS, _MPI_OPS
+    from rabit_py.engine._reduce import _BOOL_OPS, _MPI_OPS
 
     if not SUPPORTED:
         pytest.skip("the shared-memory path is off on this architecture")

@@ -1,0 +1,165 @@
+"""How a host array is reduced once the engine's call frame is entered: MPI's
+own operators, a custom reducer on MPI, or the node's shared memory (Note
+[shm allreduce] in ``_shm.py``). Every rank takes the same path: the choice
+depends only on what every rank shares (size, op, settings)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, List, Optional
+
+import numpy as np
+
+from ._mpistart import MPI
+
+from ..config import Config
+from ..ops import OPS, CustomOp, OpLike
+from ._shm import SUPPORTED as SHM_SUPPORTED
+from ._shm import NodeReducer, host_groups
+
+__all__ = ["HostReduce", "ERR_REVOKED"]
+
+log = logging.getLogger("rabit_py")
+
+ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
+_MPI_OPS = {code: getattr(MPI, info.mpi) for code, info in OPS.items()}
+# MPI defines only logical operators on C_BOOL (SUM/PROD on bool are refused).
+_BOOL_OPS = {code: getattr(MPI, info.mpi_bool) for code, info in OPS.items() if info.mpi_bool}
+# MPI reduces a custom op on the whole array as one element, with no
+# pipelining: through shared memory it was 1.8-3.7x faster from 256 KiB, and
+# within noise at 64 KiB (bench_collectives.py).
+_SHM_CUSTOM_MIN_BYTES = 256 << 10
+
+
+class HostReduce:
+    """The reduction step of an allreduce on one communicator.
+
+    Args:
+        config: the job's settings (``shm``, ``shm_min_bytes``, ``node_size``).
+        ulfm: whether MPI fault tolerance is on (revokes wake shared-memory waits).
+        timed_out: whether the engine's watchdog fired (ends shared-memory waits).
+    """
+
+    def __init__(self, config: Config, ulfm: bool, timed_out: Callable[[], bool]) -> None:
+        self._config = config
+        self._ulfm = ulfm
+        self._timed_out = timed_out
+        self._comm: Any = None
+        self._size = 1
+        # Note [fixed groups] in _shm.py: the groups of the job's start.
+        self.groups: Optional[List[int]] = None
+        self._shm: Optional[NodeReducer] = None
+
+    def use(self, comm: Any) -> None:
+        """Reduce on ``comm`` from now on (a new or repaired communicator);
+        the shared-memory reducer is built on it at the first call that wants it."""
+        self._comm, self._size = comm, comm.Get_size()
+        self._shm = None
+
+    def set_hosts(self, hosts: Optional[List[str]]) -> None:
+        """The hosts of the job's start (None: unknown), for the groups."""
+        self.groups = host_groups(hosts, self._config.node_size) if hosts else None
+
+    def run(self, data: np.ndarray, op: OpLike, out: Optional[np.ndarray]) -> None:
+        """Reduce ``data`` in place, or into ``out`` leaving ``data`` as it is.
+        Raises ``MPI.Exception`` (the engine turns it into its error)."""
+        if self._size == 1:
+            if out is not None:
+                np.copyto(out, data)
+            return
+        shm = self._wants_shm(data, op)
+        if not shm and not isinstance(op, CustomOp):
+            table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
+            self._comm.Allreduce(MPI.IN_PLACE if out is None else data,
+                                 data if out is None else out, op=table[op])
+            return
+        target = data
+        if out is not None:
+            np.copyto(out, data)        # the other paths reduce in place
+            target = out
+        if shm:
+            self._allreduce_shm(target, op)
+        else:
+            _allreduce_custom(target, op, self._comm)   # type: ignore[arg-type]
+
+    def _wants_shm(self, data: np.ndarray, op: OpLike) -> bool:
+        """Whether this call takes the shared-memory path (collective the
+        first time: the groups are agreed and the reducer is built)."""
+        threshold = self._config.shm_min_bytes
+        if isinstance(op, CustomOp):
+            threshold = min(threshold, _SHM_CUSTOM_MIN_BYTES)
+        if not self._config.shm or not SHM_SUPPORTED or data.nbytes < max(1, threshold):
+            return False
+        if self._shm is None:
+            self.groups = self._agreed_groups()
+            self._shm = NodeReducer(self._comm, self.groups, interrupted=self._interrupted)
+            if self._shm.max_node_size == 1:
+                log.debug("rank %d: one rank per node: shared-memory allreduce off",
+                          self._comm.Get_rank())
+        if self._shm.max_node_size == 1:
+            return False
+        # A non-commutative reducer must see the ranks in order, which node
+        # blocks need not be: MPI keeps it when the job spans nodes.
+        return not (isinstance(op, CustomOp) and not op.commute and self._shm.nodes > 1)
+
+    def _agreed_groups(self) -> List[int]:
+        """Note [fixed groups] in ``_shm.py``: the groups of the job's start,
+        which a replacement learns from the survivors (collective)."""
+        known = np.full(self._size, -1, dtype=np.int64) if self.groups is None \
+            else np.array(self.groups, dtype=np.int64)
+        self._comm.Allreduce(MPI.IN_PLACE, known, op=MPI.MAX)
+        if known[0] < 0:        # nobody knew (no start-up exchange): the hosts now
+            return host_groups(self._comm.allgather(MPI.Get_processor_name()),
+                               self._config.node_size)
+        return [int(g) for g in known]
+
+    def _allreduce_shm(self, data: np.ndarray, op: OpLike) -> None:
+        """``data`` is C-contiguous: check_allreduce refuses anything else."""
+        reducer = self._shm
+        assert reducer is not None
+        try:
+            if isinstance(op, CustomOp):
+                reducer.allreduce_custom(
+                    data, op.fn, lambda leaders: _allreduce_custom(data, op, leaders))
+            else:
+                table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
+                reducer.allreduce(data.reshape(-1), OPS[op].ufunc,
+                                  lambda leaders: leaders.Allreduce(MPI.IN_PLACE, data,
+                                                                    op=table[op]))
+        except MPI.Exception:
+            # Peers on other nodes may wait in the leaders' or a node's
+            # collective, which only a revoke interrupts; the reducer is
+            # rebuilt on the repaired communicator.
+            if self._ulfm:
+                reducer.revoke()
+            self._shm = None
+            raise
+
+    def _interrupted(self) -> Optional[int]:
+        """For the shared-memory waits: the MPI error class to leave with."""
+        if self._timed_out():
+            return ERR_REVOKED
+        if self._ulfm and (self._comm.Is_revoked()
+                           or (self._shm is not None and self._shm.is_revoked())):
+            return ERR_REVOKED
+        return None
+
+
+def _allreduce_custom(data: np.ndarray, op: CustomOp, comm: Any) -> None:
+    """A custom reducer on MPI, in place, the whole array as one element."""
+    dtype, shape, fn = data.dtype, data.shape, op.fn
+
+    def combine(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+        # MPI computes inout = in (op) inout, "in" coming from lower ranks.
+        a = np.frombuffer(inbuf, dtype=dtype).reshape(shape)
+        b = np.frombuffer(inoutbuf, dtype=dtype).reshape(shape)
+        b[...] = fn(a, b)
+
+    mpi_op = MPI.Op.Create(combine, commute=op.commute)
+    # One element covering the whole array, so MPI never hands fn pieces.
+    whole = MPI.BYTE.Create_contiguous(data.nbytes).Commit()
+    try:
+        comm.Allreduce(MPI.IN_PLACE, [data, 1, whole], op=mpi_op)
+    finally:
+        whole.Free()
+        mpi_op.Free()
