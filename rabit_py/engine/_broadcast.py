@@ -1,4 +1,5 @@
-"""The broadcast header: what the root tells the receivers before the payload.
+"""The broadcast protocol: the header the root sends before the payload, and
+how an array payload is sent and received.
 
 The root decides the mode: an array is sent raw, in place where receivers pass a
 matching array, into a new array where they pass anything else; any other object
@@ -18,10 +19,12 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
+from ..errors import CollectiveMismatchError, RabitError
 from ..ops import DTYPES, dtype_code
 
 __all__ = ["HEADER_LEN", "ARRAY", "OBJECT", "ERROR", "DEVICE", "root_header", "array_header",
-           "header_dtype", "inline_shape"]
+           "header_dtype", "inline_shape", "broadcast_array", "received_shape",
+           "broadcast_device_array"]
 
 HEADER_LEN = 8
 INLINE_DIMS = HEADER_LEN - 4
@@ -59,3 +62,70 @@ def inline_shape(header: List[int]) -> Optional[Tuple[int, ...]]:
     second message."""
     ndim = header[3]
     return tuple(header[4:4 + ndim]) if ndim <= INLINE_DIMS else None
+
+
+def broadcast_array(comm: Any, rank: int, data: Any, header: List[int], root: int) -> np.ndarray:
+    """The payload of an ARRAY header: the root sends ``data``; a receiver
+    gets it in place in a matching array, else in a new one."""
+    if rank == root:
+        if header[3] > INLINE_DIMS:
+            comm.Bcast(np.array(data.shape, dtype=np.int64), root=root)
+        comm.Bcast(data, root=root)
+        return data
+    shape = received_shape(comm, header, root)
+    dtype = header_dtype(header)
+    if isinstance(data, np.ndarray) and data.shape == shape and data.dtype == dtype:
+        comm.Bcast(data, root=root)
+        return data
+    out = np.empty(shape, dtype=dtype)
+    comm.Bcast(out, root=root)
+    if isinstance(data, np.ndarray):
+        # Only reachable with the signature check off; we still took part in
+        # the Bcast above, so the other ranks are not left waiting.
+        raise CollectiveMismatchError(
+            f"rank {rank}: broadcast from root {root} sent {dtype}{list(shape)} "
+            f"but this rank passed {data.dtype}{list(data.shape)} to receive it in place")
+    return out
+
+def received_shape(comm: Any, header: List[int], root: int) -> Tuple[int, ...]:
+    """The shape an array header announces (a second message past INLINE_DIMS)."""
+    shape = inline_shape(header)
+    if shape is None:
+        full = np.empty(header[3], dtype=np.int64)
+        comm.Bcast(full, root=root)
+        shape = tuple(full.tolist())
+    return shape
+
+def broadcast_device_array(comm: Any, rank: int, transport: Any, data: Any, header: List[int],
+                           root: int) -> Any:
+    """The root sent a device array (mode DEVICE): it travels on the
+    device transport. A receiver gets it in place in a matching device
+    array, copied into a matching NumPy array, else as a new device array."""
+    if rank == root:
+        if header[3] > INLINE_DIMS:
+            comm.Bcast(np.array(data.shape, dtype=np.int64), root=root)
+        transport.broadcast(data, tuple(data.shape), data.dtype, root)
+        return data
+    shape = received_shape(comm, header, root)
+    dtype = header_dtype(header)
+    if transport is None:
+        # Every rank chose the device backend at the same call: only a
+        # program whose ranks made different device calls gets here.
+        raise RabitError(
+            f"rank {rank}: broadcast from root {root} sends a device array on the "
+            f"NCCL backend, which this rank has not set up (its earlier device calls "
+            f"differ from the root's); the root may wait until its timeout")
+    matches = (getattr(data, "shape", None) is not None and tuple(data.shape) == shape
+               and data.dtype == dtype)
+    in_place = matches and transport.carries(data)
+    out = transport.broadcast(data if in_place else None, shape, dtype, root)
+    if in_place:
+        return data
+    if matches and not transport.carries(data) and isinstance(data, np.ndarray):
+        np.copyto(data, transport.to_host(out))
+        return data
+    if isinstance(data, np.ndarray) or transport.carries(data):
+        raise CollectiveMismatchError(
+            f"rank {rank}: broadcast from root {root} sent {dtype}{list(shape)} "
+            f"but this rank passed {data.dtype}{list(data.shape)} to receive it in place")
+    return out

@@ -28,8 +28,8 @@ from ..config import Config
 from ..errors import (CheckpointError, CollectiveMismatchError, CollectiveTimeoutError,
                       PeerFailure, RabitError, RecoveryError)
 from ..ops import OpLike, dtype_code
-from ._broadcast import (ARRAY, DEVICE, ERROR, HEADER_LEN, INLINE_DIMS, array_header,
-                         header_dtype, inline_shape, root_header)
+from ._broadcast import (ARRAY, DEVICE, ERROR, HEADER_LEN, array_header, broadcast_array,
+                         broadcast_device_array, root_header)
 from ._reduce import HostReduce
 from ._signature import (N_FIELDS, OBJECT, Call, Kind, agrees, call_signature, call_values,
                          describe_mismatch, fill_vector, mismatched_fields)
@@ -341,10 +341,11 @@ class MpiEngine(Engine):
             self._comm.Bcast(header, root=root)
             h = header.tolist()
             if h[0] == ARRAY:
-                return self._broadcast_array(data, h, root)
+                return broadcast_array(self._comm, self._rank, data, h, root)
             if h[0] == DEVICE:
                 self._broadcast_device = True   # the robust engine keeps that too
-                return self._broadcast_device_array(data, h, root)
+                return broadcast_device_array(self._comm, self._rank, self.device_transport(),
+                                              data, h, root)
             if not is_root:
                 payload = bytearray(h[1])
             self._comm.Bcast([payload, MPI.BYTE], root=root)
@@ -360,69 +361,6 @@ class MpiEngine(Engine):
         if not is_root:
             self._check_revoked()       # before unpickling what may be half a message
         return data if is_root else pickle.loads(payload)
-
-    def _broadcast_array(self, data: Any, header: list, root: int) -> np.ndarray:
-        if self._rank == root:
-            if header[3] > INLINE_DIMS:
-                self._comm.Bcast(np.array(data.shape, dtype=np.int64), root=root)
-            self._comm.Bcast(data, root=root)
-            return data
-        shape = self._received_shape(header, root)
-        dtype = header_dtype(header)
-        if isinstance(data, np.ndarray) and data.shape == shape and data.dtype == dtype:
-            self._comm.Bcast(data, root=root)
-            return data
-        out = np.empty(shape, dtype=dtype)
-        self._comm.Bcast(out, root=root)
-        if isinstance(data, np.ndarray):
-            # Only reachable with the signature check off; we still took part in
-            # the Bcast above, so the other ranks are not left waiting.
-            raise CollectiveMismatchError(
-                f"rank {self._rank}: broadcast from root {root} sent {dtype}{list(shape)} "
-                f"but this rank passed {data.dtype}{list(data.shape)} to receive it in place")
-        return out
-
-    def _received_shape(self, header: list, root: int) -> tuple:
-        shape = inline_shape(header)
-        if shape is None:
-            full = np.empty(header[3], dtype=np.int64)
-            self._comm.Bcast(full, root=root)
-            shape = tuple(full.tolist())
-        return shape
-
-    def _broadcast_device_array(self, data: Any, header: list, root: int) -> Any:
-        """The root sent a device array (mode DEVICE): it travels on the
-        device transport. A receiver gets it in place in a matching device
-        array, copied into a matching NumPy array, else as a new device array."""
-        transport = self.device_transport()
-        if self._rank == root:
-            if header[3] > INLINE_DIMS:
-                self._comm.Bcast(np.array(data.shape, dtype=np.int64), root=root)
-            transport.broadcast(data, tuple(data.shape), data.dtype, root)
-            return data
-        shape = self._received_shape(header, root)
-        dtype = header_dtype(header)
-        if transport is None:
-            # Every rank chose the device backend at the same call: only a
-            # program whose ranks made different device calls gets here.
-            raise RabitError(
-                f"rank {self._rank}: broadcast from root {root} sends a device array on the "
-                f"NCCL backend, which this rank has not set up (its earlier device calls "
-                f"differ from the root's); the root may wait until its timeout")
-        matches = (getattr(data, "shape", None) is not None and tuple(data.shape) == shape
-                   and data.dtype == dtype)
-        in_place = matches and transport.carries(data)
-        out = transport.broadcast(data if in_place else None, shape, dtype, root)
-        if in_place:
-            return data
-        if matches and not transport.carries(data) and isinstance(data, np.ndarray):
-            np.copyto(data, transport.to_host(out))
-            return data
-        if isinstance(data, np.ndarray) or transport.carries(data):
-            raise CollectiveMismatchError(
-                f"rank {self._rank}: broadcast from root {root} sent {dtype}{list(shape)} "
-                f"but this rank passed {data.dtype}{list(data.shape)} to receive it in place")
-        return out
 
     def allgather(self, data: np.ndarray) -> np.ndarray:
         error = check_allgather(data)
