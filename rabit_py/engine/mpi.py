@@ -162,17 +162,9 @@ class MpiEngine(Engine):
             print(msg, flush=True)
 
     # ------------------------------------------------------- device support
-    @property
-    def replays_results(self) -> bool:
-        """Whether a replacement's calls may be answered from a cache (the
-        robust engine): then a device transport must not make collective
-        decisions at every call, only inside executed ones."""
-        return False
-
+    # (Documented in the Engine interface.)
     @property
     def membership(self) -> int:
-        """Changes whenever the ranks behind the rank numbers change (a
-        recovery): transports made for the old ones must be made again."""
         return self._membership
 
     def check_peers(self) -> None:
