@@ -22,7 +22,7 @@ from ._mpistart import MPI
 
 from mpi4py.util.dtlib import from_numpy_dtype
 
-from .._checkpoint import deserialize, serialize
+from .._checkpoint import serialize
 from .._store import DurableStore
 from ..config import Config
 from ..errors import (CheckpointError, CollectiveMismatchError, CollectiveTimeoutError,
@@ -31,6 +31,7 @@ from ..ops import OpLike, dtype_code
 from ._broadcast import (ARRAY, DEVICE, ERROR, HEADER_LEN, array_header, broadcast_array,
                          broadcast_device_array, root_header)
 from ._reduce import HostReduce
+from ._versions import Checkpoints
 from ._signature import (N_FIELDS, OBJECT, Call, Kind, agrees, call_signature, call_values,
                          describe_mismatch, fill_vector, mismatched_fields)
 from ._validate import check_allgather, check_allreduce, check_array_broadcast, check_root
@@ -50,7 +51,6 @@ log = logging.getLogger("rabit_py")
 _ERR_PROC_FAILED = getattr(MPI, "ERR_PROC_FAILED", 75)
 _ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
 
-_NO_LAZY = object()
 
 
 
@@ -89,12 +89,9 @@ class MpiEngine(Engine):
         self._check = config.check and self._size > 1
         self._version = 0
         self._seqno = 0
-        self._global_blob: Optional[bytes] = None
-        self._local_blob: Optional[bytes] = None
-        self._lazy_global: Any = _NO_LAZY
-        self._store = (DurableStore(config.checkpoint_dir, self._rank, self._size,
-                                    config.keep_checkpoints)
-                       if config.checkpoint_dir else None)
+        self._checkpoints = Checkpoints(
+            DurableStore(config.checkpoint_dir, self._rank, self._size, config.keep_checkpoints)
+            if config.checkpoint_dir else None)
         self._broken: Optional[str] = None
         self._finalized = False
         self._token: tuple = (0, 0, 0)  # (kind, version, seqno) of the current call
@@ -389,89 +386,38 @@ class MpiEngine(Engine):
         except CheckpointError as exc:
             error = exc
         self._sync(Kind.CHECKPOINT, error)
-        self._global_blob, self._local_blob = global_blob, local_blob
-        self._lazy_global = _NO_LAZY
+        self._checkpoints.commit(global_blob, local_blob)
         self._version += 1
         self._seqno = 0
-        self._save_durable(global_blob, local_blob)
+        self._checkpoints.save(self._version, global_blob, local_blob)
 
     def lazy_checkpoint(self, global_model: Any) -> None:
         # On disk the global model must be bytes: the writing rank serializes it now.
         blob = (serialize(global_model, "global model")
-                if self._store is not None and self._rank == 0 else None)
+                if self._checkpoints.store is not None and self._rank == 0 else None)
         self._sync(Kind.CHECKPOINT, None)
-        self._lazy_global = global_model
-        self._global_blob = self._local_blob = None
+        self._checkpoints.commit(None, None, lazy=global_model)
         self._version += 1
         self._seqno = 0
-        self._save_durable(blob, None)
+        self._checkpoints.save(self._version, blob, None)
 
     def load_checkpoint(self, with_local: bool = False) -> CheckpointResult:
         self._sync(Kind.LOAD_CHECKPOINT, None)
         self._seqno = 0    # calls are numbered from here, as after a checkpoint
         self._load_durable()
-        return self._checkpoint_result(with_local)
-
-    def _save_durable(self, global_blob: Optional[bytes], local_blob: Optional[bytes]) -> None:
-        """Queue the committed version for the disk (Note [durable store])."""
-        if self._store is not None:
-            self._store.save(self._version, global_blob, local_blob, local_blob is not None)
+        return self._checkpoints.result(self._version, with_local)
 
     def _load_durable(self) -> None:
-        """On a fresh start (version 0) with a checkpoint folder: adopt the
-        newest version on disk that every rank can load."""
-        if self._store is None or self._version != 0:
-            return
-        problem: Optional[str] = None
-        mine = 0
-        try:
-            mine = self._store.newest_loadable()
-        except CheckpointError as exc:
-            problem = str(exc)
-        # Agree: the oldest of the ranks' newest versions; -1 if a rank failed.
-        agreed = self._comm.allreduce(-1 if problem else mine, op=MPI.MIN)
-        if agreed >= 0 and self._rank == 0:
-            # Before anyone writes again: a newer set would make pruning remove
-            # the files of the versions this job now writes again.
-            self._store.discard_after(agreed)
-        if agreed < 0:
-            failed = self._comm.allgather(problem)
-            raise CheckpointError("; ".join(p for p in failed if p))
-        if agreed == 0:
-            return
-        try:
-            global_blob, local_blob = self._store.load(agreed)
-        except CheckpointError as exc:
-            problem = str(exc)
-        failed = self._comm.allgather(problem)
-        if any(failed):
-            raise CheckpointError("; ".join(p for p in failed if p))
-        self._version, self._global_blob, self._local_blob = agreed, global_blob, local_blob
-        self._lazy_global = _NO_LAZY
-        log.warning("rank %d: resumed from durable checkpoint version %d in %s", self._rank,
-                    agreed, self._store.folder)
-
-    def _checkpoint_result(self, with_local: bool) -> CheckpointResult:
-        """The committed checkpoint, as ``load_checkpoint`` returns it."""
-        if self._version == 0:
-            return (0, None, None) if with_local else (0, None)
-        if self._lazy_global is not _NO_LAZY:
-            global_model = self._lazy_global
-        else:
-            global_model = deserialize(self._global_blob, "global model")  # type: ignore[arg-type]
-        if not with_local:
-            return self._version, global_model
-        local_model = (None if self._local_blob is None
-                       else deserialize(self._local_blob, "local model"))
-        return self._version, global_model, local_model
+        """Adopt the newest version on disk on a fresh start (collective)."""
+        self._version = self._checkpoints.load_durable(self._comm, self._rank, self._version)
 
     def finalize(self) -> None:
         if self._finalized:
             return
         store_error: Optional[CheckpointError] = None
-        if self._store is not None:
+        if self._checkpoints.store is not None:
             try:
-                self._store.close()         # the last version reaches the disk
+                self._checkpoints.store.close()         # the last version reaches the disk
             except CheckpointError as exc:
                 store_error = exc           # raised after the others are released
         for resource in self._attachments.values():
@@ -486,7 +432,7 @@ class MpiEngine(Engine):
                 self._finalize_sync()
                 self._clean_exit = store_error is None
                 self._reporter.job_done(self._size)
-                if self._store is not None and store_error is None:
+                if self._checkpoints.store is not None and store_error is None:
                     self._final_prune()
         finally:
             self._finalized = True
@@ -510,7 +456,7 @@ class MpiEngine(Engine):
         except MPI.Exception:
             return                          # a peer is gone: leave the folder as it is
         if self._rank == 0:
-            self._store.prune()
+            self._checkpoints.store.prune()
 
     def _at_exit(self) -> None:
         if not self._finalized and self._broken is None:

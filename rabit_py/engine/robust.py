@@ -82,9 +82,10 @@ from ._watchdog import FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, deadline
 from .._status import BUG, RESTART, Reporter
 from .base import CheckpointResult, PrepareFn
 from ._lifecycle import abort_init, abort_job
-from ._tags import LOCAL_MODEL_TAG
 from ._startup import duplicates, ulfm_enabled
-from .mpi import _ERR_PROC_FAILED, _ERR_REVOKED, _NO_LAZY, MpiEngine
+from ._replicas import Replicas
+from ._versions import NO_LAZY
+from .mpi import _ERR_PROC_FAILED, _ERR_REVOKED, MpiEngine
 
 __all__ = ["RobustEngine"]
 
@@ -173,8 +174,8 @@ class RobustEngine(MpiEngine):
         # Note [fresh start with a store]: the disk resume of the first
         # load_checkpoint is still to be done (replacements learn it in the
         # recovery round).
-        self._resume_pending = self._store is not None and not replacement
-        self._replicas: Dict[int, Optional[bytes]] = {}     # owner rank -> its local blob
+        self._resume_pending = self._checkpoints.store is not None and not replacement
+        self._replicas = Replicas(config.replicas)
         self._trials: Dict[int, int] = dict(state.trials) if state else {}
         self._trial = self._trials.get(self._rank, 0)
         self._recoveries = state.recoveries if state else 0
@@ -368,7 +369,7 @@ class RobustEngine(MpiEngine):
             local_blob = None if local_model is None else serialize(local_model, "local model")
         except CheckpointError as exc:
             error = exc
-        self._commit_version(global_blob, _NO_LAZY, local_blob, error)
+        self._commit_version(global_blob, NO_LAZY, local_blob, error)
 
     def lazy_checkpoint(self, global_model: Any) -> None:
         self._commit_version(None, global_model, None, None)
@@ -380,19 +381,19 @@ class RobustEngine(MpiEngine):
 
         def execute() -> None:
             self._sync(Kind.CHECKPOINT, error)
-            replicas = self._guarded(Kind.CHECKPOINT, lambda: self._replicate(local_blob))
+            replicas = self._guarded(Kind.CHECKPOINT,
+                                     lambda: self._replicas.exchange(self._comm, local_blob))
             self._guarded(Kind.CHECKPOINT, lambda: self._comm.Agree(1), agreement=True)
             # Committed at every living rank (the agreement is uniform).
-            self._global_blob, self._local_blob = global_blob, local_blob
-            self._lazy_global = lazy
-            self._replicas = replicas
+            self._checkpoints.commit(global_blob, local_blob, lazy)
+            self._replicas.held = replicas
             self._version += 1
             self._start_epoch()
-            if self._store is not None:
+            if self._checkpoints.store is not None:
                 on_disk = global_blob
-                if on_disk is None and self._rank == 0 and lazy is not _NO_LAZY:
+                if on_disk is None and self._rank == 0 and lazy is not NO_LAZY:
                     on_disk = serialize(lazy, "global model")
-                self._save_durable(on_disk, local_blob)
+                self._checkpoints.save(self._version, on_disk, local_blob)
 
         self._call(Kind.CHECKPOINT, key, (Kind.CHECKPOINT,), execute, None, error)
 
@@ -425,7 +426,7 @@ class RobustEngine(MpiEngine):
 
         self._until_done(step)
         self._start_epoch()
-        return self._checkpoint_result(with_local)
+        return self._checkpoints.result(self._version, with_local)
 
     def _resume_from_disk(self) -> None:
         """A fresh start with a checkpoint folder: the ranks agree on the newest
@@ -434,8 +435,9 @@ class RobustEngine(MpiEngine):
         if a rank is lost meanwhile."""
         self._guarded(Kind.LOAD_CHECKPOINT, self._load_durable)
         if self._version > 0:
-            self._replicas = self._guarded(
-                Kind.LOAD_CHECKPOINT, lambda: self._replicate(self._local_blob))
+            self._replicas.held = self._guarded(
+                Kind.LOAD_CHECKPOINT,
+                lambda: self._replicas.exchange(self._comm, self._checkpoints.local_blob))
         self._resume_pending = False
 
     def finalize(self) -> None:
@@ -564,40 +566,15 @@ class RobustEngine(MpiEngine):
 
     def _serve_checkpoint(self, requesting: bool, version: int) -> None:
         """Round step 2: give the requesters the committed checkpoint."""
-        comm = self._comm
-        root = comm.allreduce(self._rank if self._has_version else self._size, op=MPI.MIN)
-        blob = self._committed_global() if self._rank == root else None
-        blob = comm.bcast(blob, root=root)
-        holdings = comm.allgather(self._holding(requesting))
-        uses_local = any(h[3] for h in holdings)
-        mine: Optional[bytes] = self._local_blob
-        for owner, (asks, has_version, _, _) in enumerate(holdings):
-            if not asks or has_version:
-                continue
-            holder = next((r for r, h in enumerate(holdings) if h[1] and owner in h[2]), None)
-            if holder is None:
-                if uses_local:
-                    raise self._local_model_lost(owner, version)
-                continue
-            if self._rank == holder:
-                comm.send(self._replicas[owner], dest=owner, tag=LOCAL_MODEL_TAG)
-            elif self._rank == owner:
-                mine = comm.recv(source=holder, tag=LOCAL_MODEL_TAG)
+        blob, mine = self._replicas.serve(
+            self._comm, requesting, self._has_version, self._checkpoints,
+            lambda owner: self._local_model_lost(owner, version))
         if requesting and not self._has_version:
             self._version = version
-            self._global_blob, self._lazy_global = blob, _NO_LAZY
-            self._local_blob = mine
+            self._checkpoints.commit(blob, mine)
             self._has_version = True
         # Give the replacements the replicas they were keeping for their neighbours.
-        self._replicas = self._replicate(self._local_blob)
-
-    def _holding(self, requesting: bool) -> Tuple[bool, bool, List[int], bool]:
-        """(asks for the checkpoint, holds a version, owners of the replicas
-        held, keeps a local model) -- what the ranks exchange to find who can
-        give a replacement its local model."""
-        return (requesting, self._has_version,
-                sorted(self._replicas) if self._has_version else [],
-                self._local_blob is not None)
+        self._replicas.held = self._replicas.exchange(self._comm, self._checkpoints.local_blob)
 
     def _local_model_lost(self, owner: int, version: int) -> RecoveryError:
         return self._give_up(RecoveryError(
@@ -636,30 +613,11 @@ class RobustEngine(MpiEngine):
         looping = self._crash_loop(dead)
         if looping is not None:
             raise self._give_up(looping)
-        holdings = shrunk.allgather(self._holding(False))
-        if not any(h[3] for h in holdings):
-            return
-        kept = {owner for h in holdings if h[1] for owner in h[2]}
-        for owner in dead:
-            if owner not in kept:
-                raise self._local_model_lost(owner, self._version)
-
-    def _committed_global(self) -> Optional[bytes]:
-        if self._lazy_global is not _NO_LAZY:
-            return serialize(self._lazy_global, "global model")
-        return self._global_blob
-
-    def _replicate(self, blob: Optional[bytes]) -> Dict[int, Optional[bytes]]:
-        """Send ``blob`` to the ``replicas`` ring successors; return what the
-        predecessors sent (owner rank -> blob)."""
-        copies = min(self._config.replicas, self._size - 1)
-        got: Dict[int, Optional[bytes]] = {}
-        for i in range(1, copies + 1):
-            src = (self._rank - i) % self._size
-            got[src] = self._comm.sendrecv(blob, dest=(self._rank + i) % self._size,
-                                           sendtag=LOCAL_MODEL_TAG + i, source=src,
-                                           recvtag=LOCAL_MODEL_TAG + i)
-        return got
+        holdings = shrunk.allgather(self._replicas.holding(
+            False, self._has_version, self._checkpoints.local_blob is not None))
+        owner = Replicas.lost(holdings, dead)
+        if owner is not None:
+            raise self._local_model_lost(owner, self._version)
 
     # ------------------------------------------------------------ failures
     def _guarded(self, kind: int, fn: Callable[[], Any], agreement: bool = False) -> Any:
