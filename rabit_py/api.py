@@ -69,7 +69,7 @@ def init(engine: str = "auto", comm: Optional[Any] = None, **config: Any) -> Non
 def _make_engine(cfg: Config, comm: Optional[Any]) -> Engine:
     from .engine._startup import ulfm_enabled
     from .engine.mpi import MpiEngine
-    from .engine._repair import is_replacement
+    from .engine._join import is_replacement
 
     name = cfg.engine
     if name == "auto":

@@ -92,3 +92,17 @@ def test_bench_kvstore_times_every_mode(tmp_path):
         assert all(len(t) == 2 and min(t) > 0 for t in row["seconds"].values())
         assert row["ratio pushpull / allreduce flat"] > 0
     assert not plot or (tmp_path / "kv.png").stat().st_size > 0
+
+
+def test_bench_hotpath_compares_two_trees_for_every_setting(tmp_path):
+    out_json = tmp_path / "hotpath.json"
+    code, out = run([sys.executable, "scripts/bench_hotpath.py", "--before", "HEAD",
+                     "--runs", "1", "--json", str(out_json)], timeout=300)
+    assert code == 0, out
+    assert "8-byte allreduce, us per call, 2 ranks" in out, out
+    result = json.loads(out_json.read_text())
+    assert set(result["table"]) == {"mpi check=off", "mpi check=on", "robust check=off",
+                                    "robust check=on"}
+    for row in result["table"].values():
+        assert 0 < row["raw"] and 0 < row["before"] and 0 < row["after"], row
+        assert row["after"] >= row["raw"] * 0.5     # a rabit call is no cheaper than MPI's

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ._mpistart import MPI
 
 __all__ = ["JoinState", "RepairTimes", "spawn_command", "spawn_environment", "spawn_info",
-           "free_comm"]
+           "free_comm", "is_replacement"]
 
 
 @dataclasses.dataclass
@@ -97,3 +97,8 @@ def free_comm(comm: Any) -> None:
         comm.Free()
     except Exception:  # noqa: BLE001 - freeing a communicator of a dead job part
         pass
+
+
+def is_replacement() -> bool:
+    """Whether this process was spawned to replace a dead rank."""
+    return MPI.Comm.Get_parent() != MPI.COMM_NULL

@@ -33,7 +33,7 @@ from ..errors import RecoveryError
 from ._join import JoinState, RepairTimes, free_comm, spawn_command, spawn_info
 from ._spares import join_pool_as_spawned
 
-__all__ = ["repair", "join_as_replacement", "is_replacement"]
+__all__ = ["repair", "join_as_replacement"]
 
 log = logging.getLogger("rabit_py")
 
@@ -144,11 +144,6 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
                 current = shrunk
     raise RecoveryError(f"rank {my_rank}: could not repair the communicator after "
                         f"{max_attempts} attempts: {last_error}")
-
-
-def is_replacement() -> bool:
-    """Whether this process was spawned to replace a dead rank."""
-    return MPI.Comm.Get_parent() != MPI.COMM_NULL
 
 
 def join_as_replacement(timeout: float = 0.0

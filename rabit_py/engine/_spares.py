@@ -47,17 +47,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
 from ._mpistart import MPI
 
+from .._status import RESTART, Reporter
+from ..config import Config
 from ..errors import RecoveryError
+from ._join import (JoinState, RepairTimes, free_comm, is_replacement, spawn_command,
+                    spawn_info)
+from ._lifecycle import abort_job
 from ._tags import RELEASE_TAG
-from ._join import JoinState, RepairTimes, free_comm, spawn_command, spawn_info
+from ._watchdog import deadline
 
-__all__ = ["SparePool", "RELEASE_TAG"]
+__all__ = ["SparePool", "RELEASE_TAG", "serve_as_spare", "spare_reporter"]
 
 log = logging.getLogger("rabit_py")
 
@@ -309,3 +315,53 @@ def exit_released(rank_in_pool: int) -> None:
     log.info("spare (pool rank %d): the job ended without needing this spare; exiting",
              rank_in_pool)
     sys.exit(0)
+
+
+def serve_as_spare(pool: SparePool, config: Config) -> Tuple[Any, JoinState]:
+    """A spare's life inside ``init()`` (Note [spares] in ``_spares.py``): wait;
+    after a worker died, rebuild with the survivors; return (job
+    communicator, join state) once this spare took a dead rank's place. A
+    released spare, or one told that the job is lost, ends the process."""
+    me = pool.pool.Get_rank()
+    log.debug("spare (pool rank %d): waiting to replace a failed rank", me)
+    while True:
+        if not pool.wait_for_failure():
+            pool.free()
+            exit_released(me)
+        # Like a survivor's repair, a rebuild that hangs must not hang the job.
+        try:
+            with deadline(config.recovery_timeout,
+                          lambda _: _abort_spare(me, config), "rebuild"):
+                joined = pool.rebuild_as_spare()
+        except RecoveryError as exc:
+            sys.stderr.write(f"rabit_py: spare (pool rank {me}): the job cannot be recovered "
+                             f"({exc}); this spare ends\n")
+            sys.stderr.flush()
+            sys.stdout.flush()
+            # Not sys.exit: MPI_Finalize can block for good once a peer died
+            # without finalizing. And status 0: mpirun ends the whole job at
+            # the second non-zero exit, which would cut short the workers
+            # (still reporting the error, or saving what they can); the
+            # workers' own status tells how the job ended.
+            os._exit(0)
+        if joined is not None:
+            comm, rank, state = joined
+            log.info("spare (pool rank %d): took the place of rank %d", me, rank)
+            return comm, state
+
+
+def spare_reporter(config: Config) -> Reporter:
+    if is_replacement():    # a spawned spare: its world is the spawn's, named by PID
+        return Reporter(config.run_status_dir, f"spare-p{os.getpid()}")
+    return Reporter(config.run_status_dir, f"spare-{MPI.COMM_WORLD.Get_rank()}")
+
+
+def _abort_spare(me: int, config: Config) -> None:
+    message = (f"spare (pool rank {me}): rebuilding the job after a failure did not complete "
+               f"within RABIT_RECOVERY_TIMEOUT={config.recovery_timeout:g} s (stuck in MPI); "
+               f"ending the job for a restart from the durable checkpoint")
+    reporter = spare_reporter(config)
+    reporter.fatal(RESTART, message)
+    sys.stderr.write(f"rabit_py: {message}\n")
+    sys.stderr.flush()
+    abort_job(MPI.COMM_WORLD, reporter, fallback_s=2.0)

@@ -56,7 +56,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
-import os
 import sys
 import threading
 import time
@@ -73,10 +72,10 @@ from ..errors import (CheckpointError, CollectiveMismatchError, PeerFailure, Rab
                       RecoveryError)
 from ..ops import OpLike, op_code
 from ._cache import BOOT, Entry, ResultCache, default_budget
-from ._join import JoinState, RepairTimes
-from ._repair import is_replacement, join_as_replacement, repair
+from ._join import JoinState, RepairTimes, is_replacement
+from ._repair import join_as_replacement, repair
 from ._signature import Kind
-from ._spares import SparePool, exit_released
+from ._spares import SparePool, serve_as_spare, spare_reporter
 from ._validate import check_allreduce
 from ._watchdog import FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, deadline
 from .._status import BUG, RESTART, Reporter
@@ -126,7 +125,7 @@ class RobustEngine(MpiEngine):
                 pool.target = config.spares
             if comm is None:
                 # Spawned as a new spare (Note [spare refill] in _spares.py).
-                comm, state = _serve_as_spare(pool, config)
+                comm, state = serve_as_spare(pool, config)
                 self.joined_as = "spare"
         elif not ulfm_enabled():
             raise RabitError(
@@ -140,14 +139,14 @@ class RobustEngine(MpiEngine):
             # Collective over every process: a rank that never calls init()
             # must not hang the others (as in MpiEngine's own start).
             world_rank = MPI.COMM_WORLD.Get_rank()
-            reporter = _spare_reporter(config) if world_rank >= MPI.COMM_WORLD.Get_size() - \
+            reporter = spare_reporter(config) if world_rank >= MPI.COMM_WORLD.Get_size() - \
                 config.spares else Reporter.for_rank(config.run_status_dir, world_rank)
             with deadline(config.timeout,
                           lambda _: abort_init(MPI.COMM_WORLD, reporter, world_rank,
                                                 config.timeout), "init"):
                 pool, comm = SparePool.start(config.spares)
             if comm is None:
-                comm, state = _serve_as_spare(pool, config)
+                comm, state = serve_as_spare(pool, config)
                 self.joined_as = "spare"
         replacement = self.joined_as != "start"
         if state is not None and state.settings:
@@ -809,57 +808,7 @@ class RobustEngine(MpiEngine):
                     replaced, time.perf_counter() - start)
 
 
-def _serve_as_spare(pool: SparePool, config: Config) -> Tuple[Any, JoinState]:
-    """A spare's life inside ``init()`` (Note [spares] in ``_spares.py``): wait;
-    after a worker died, rebuild with the survivors; return (job
-    communicator, join state) once this spare took a dead rank's place. A
-    released spare, or one told that the job is lost, ends the process."""
-    me = pool.pool.Get_rank()
-    log.debug("spare (pool rank %d): waiting to replace a failed rank", me)
-    while True:
-        if not pool.wait_for_failure():
-            pool.free()
-            exit_released(me)
-        # Like a survivor's repair, a rebuild that hangs must not hang the job.
-        try:
-            with deadline(config.recovery_timeout,
-                          lambda _: _abort_spare(me, config), "rebuild"):
-                joined = pool.rebuild_as_spare()
-        except RecoveryError as exc:
-            sys.stderr.write(f"rabit_py: spare (pool rank {me}): the job cannot be recovered "
-                             f"({exc}); this spare ends\n")
-            sys.stderr.flush()
-            sys.stdout.flush()
-            # Not sys.exit: MPI_Finalize can block for good once a peer died
-            # without finalizing. And status 0: mpirun ends the whole job at
-            # the second non-zero exit, which would cut short the workers
-            # (still reporting the error, or saving what they can); the
-            # workers' own status tells how the job ended.
-            os._exit(0)
-        if joined is not None:
-            comm, rank, state = joined
-            log.info("spare (pool rank %d): took the place of rank %d", me, rank)
-            return comm, state
-
-
 def _main_thread_stack() -> str:
     """Where the main thread is (for a message about a stuck repair)."""
     frame = sys._current_frames().get(threading.main_thread().ident)
     return "".join(traceback.format_stack(frame, limit=8)) if frame is not None else ""
-
-
-def _spare_reporter(config: Config) -> Reporter:
-    if is_replacement():    # a spawned spare: its world is the spawn's, named by PID
-        return Reporter(config.run_status_dir, f"spare-p{os.getpid()}")
-    return Reporter(config.run_status_dir, f"spare-{MPI.COMM_WORLD.Get_rank()}")
-
-
-def _abort_spare(me: int, config: Config) -> None:
-    message = (f"spare (pool rank {me}): rebuilding the job after a failure did not complete "
-               f"within RABIT_RECOVERY_TIMEOUT={config.recovery_timeout:g} s (stuck in MPI); "
-               f"ending the job for a restart from the durable checkpoint")
-    reporter = _spare_reporter(config)
-    reporter.fatal(RESTART, message)
-    sys.stderr.write(f"rabit_py: {message}\n")
-    sys.stderr.flush()
-    abort_job(MPI.COMM_WORLD, reporter, fallback_s=2.0)
