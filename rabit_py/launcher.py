@@ -151,7 +151,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="rabit-run",
         description="Start a rabit_py job with the mpirun of the installed MPI. Options "
                     "not listed here are passed to mpirun.",
-        epilog="example: rabit-run -n 4 python train.py --rounds 10")
+        epilog="example: rabit-run -n 4 python train.py --rounds 10",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("-n", "-np", "--np", "-c", dest="np", type=int,
                         default=int(os.environ["SLURM_NTASKS"]) if os.environ.get(
                             "SLURM_NTASKS", "").isdigit() else None,

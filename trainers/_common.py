@@ -6,8 +6,10 @@ Trainers use only the public ``rabit_py`` API (DESIGN.md, layers).
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import re
 from typing import Any, Iterable, Optional
 
 import numpy as np
@@ -128,3 +130,13 @@ def progress(iterable: Iterable[Any], total: int, desc: str, verbose: bool) -> A
     from tqdm.auto import tqdm
 
     return tqdm(iterable, total=total, desc=desc, dynamic_ncols=True, leave=True)
+
+
+def cli_parser(prog: str, doc: Optional[str]) -> argparse.ArgumentParser:
+    """The argument parser of a trainer's command line: the description is
+    the first paragraph of its module's docstring (whole, in plain text),
+    and every option's help shows its default."""
+    first = (doc or "").strip().split("\n\n")[0]
+    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", " ".join(first.split())).replace("``", "")
+    return argparse.ArgumentParser(prog=prog, description=text,
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)

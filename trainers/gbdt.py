@@ -26,7 +26,6 @@ bit-identical models.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -37,6 +36,7 @@ import numpy as np
 
 import rabit_py as rabit
 
+from ._common import cli_parser
 from ._common import (DataError, agree, data_fingerprint, ensure_init, exact_sum, global_offset,
                       progress, resume_state, state_key, splitmix64)
 from ._kernels import get_kernels
@@ -662,15 +662,16 @@ def _evaluate(booster: Booster, rnd: int, evals: list, margins: list, params: Di
 # ---------------------------------------------------------------- CLI
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m trainers.gbdt --train data.npy --out model.json ...``"""
-    parser = argparse.ArgumentParser(prog="rabit-gbdt", description=__doc__.splitlines()[0])
+    parser = cli_parser("rabit-gbdt", __doc__)
     parser.add_argument("--train", required=True, help="training data (this rank's shard is "
                         "read; .npy/.npz/.csv/libsvm, or a pattern with {rank})")
     parser.add_argument("--valid", help="validation data, same format")
-    parser.add_argument("--label-column", type=int, default=0)
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--early-stopping-rounds", type=int)
+    parser.add_argument("--label-column", type=int, default=0, help="column of the label")
+    parser.add_argument("--rounds", type=int, default=10, help="boosting rounds")
+    parser.add_argument("--early-stopping-rounds", type=int,
+                        help="stop after this many rounds without improvement on --valid")
     parser.add_argument("--out", help="write the model here (rank 0)")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or log")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                         help="a parameter, e.g. --param objective=binary:logistic "
                              "--param max_depth=6 (repeatable)")

@@ -9,7 +9,6 @@ same rows for any number of ranks.
 
 from __future__ import annotations
 
-import argparse
 import json
 import numbers
 import sys
@@ -21,6 +20,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 import rabit_py as rabit
 
+from ._common import cli_parser
 from ._common import (DataError, data_fingerprint, ensure_init, global_offset, progress,
                       resume_state, state_key)
 from ._sklearn import checked
@@ -222,14 +222,16 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m trainers.kmeans --train blobs.npy --clusters 8 --out centers.json``"""
-    parser = argparse.ArgumentParser(prog="rabit-kmeans", description=__doc__.splitlines()[0])
+    parser = cli_parser("rabit-kmeans", __doc__)
     parser.add_argument("--train", required=True, help="data without labels (see trainers.data)")
-    parser.add_argument("--clusters", type=int, default=8)
-    parser.add_argument("--max-iter", type=int, default=100)
-    parser.add_argument("--tol", type=float, default=1e-4)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--clusters", type=int, default=8, help="number of clusters (k)")
+    parser.add_argument("--max-iter", type=int, default=100, help="Lloyd iterations at most")
+    parser.add_argument("--tol", type=float, default=1e-4,
+                        help="stop when the centers move less than this times the mean "
+                             "feature variance, as scikit-learn")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the k-means++ draws")
     parser.add_argument("--out", help="write the centers as JSON here (rank 0)")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or log")
     args = parser.parse_args(argv)
     with rabit.session():
         X, _ = load_shard(args.train, label_column=None)

@@ -13,7 +13,6 @@ Objective (scikit-learn's, up to a constant factor)::
 
 from __future__ import annotations
 
-import argparse
 import json
 import numbers
 import sys
@@ -25,6 +24,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 import rabit_py as rabit
 
+from ._common import cli_parser
 from ._common import DataError, data_fingerprint, ensure_init, progress, resume_state, state_key
 from ._sklearn import checked, global_classes
 from .data import check_features, load_shard
@@ -221,14 +221,17 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m trainers.linear --train data.npy --out model.json``"""
-    parser = argparse.ArgumentParser(prog="rabit-linear", description=__doc__.splitlines()[0])
+    parser = cli_parser("rabit-linear", __doc__)
     parser.add_argument("--train", required=True, help="training data (see trainers.data)")
-    parser.add_argument("--label-column", type=int, default=0)
-    parser.add_argument("--C", type=float, default=1.0)
-    parser.add_argument("--max-iter", type=int, default=100)
-    parser.add_argument("--tol", type=float, default=1e-8)
+    parser.add_argument("--label-column", type=int, default=0, help="column of the label")
+    parser.add_argument("--C", type=float, default=1.0,
+                        help="inverse regularization strength, as scikit-learn's C")
+    parser.add_argument("--max-iter", type=int, default=100, help="L-BFGS iterations at most")
+    parser.add_argument("--tol", type=float, default=1e-8,
+                        help="stop when the largest gradient component is below "
+                             "tol * max(1, C * rows)")
     parser.add_argument("--out", help="write coefficients as JSON here (rank 0)")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or log")
     args = parser.parse_args(argv)
     with rabit.session():
         X, y = load_shard(args.train, args.label_column)

@@ -15,7 +15,6 @@ parameters and optimizer state are the global checkpoint every
 
 from __future__ import annotations
 
-import argparse
 import json
 import numbers
 import sys
@@ -28,6 +27,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 import rabit_py as rabit
 from rabit_py.bucket import GradientBucketer
 
+from ._common import cli_parser
 from ._common import (data_fingerprint, ensure_init, global_offset, progress, resume_state,
                       state_key)
 from ._common import DataError
@@ -251,18 +251,18 @@ class MLPClassifier(ClassifierMixin, BaseEstimator):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m trainers.mlp --train data.npy --classes 2 --out model.json``"""
-    parser = argparse.ArgumentParser(prog="rabit-mlp", description=__doc__.splitlines()[0])
+    parser = cli_parser("rabit-mlp", __doc__)
     parser.add_argument("--train", required=True, help="training data (see trainers.data)")
-    parser.add_argument("--label-column", type=int, default=0)
-    parser.add_argument("--classes", type=int, default=2)
+    parser.add_argument("--label-column", type=int, default=0, help="column of the label")
+    parser.add_argument("--classes", type=int, default=2, help="number of classes (labels 0..n-1)")
     parser.add_argument("--hidden", default="64", help="hidden sizes, e.g. 128,64")
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--steps", type=int, default=200, help="training steps (global batches)")
+    parser.add_argument("--batch-size", type=int, default=256, help="rows per global batch")
+    parser.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="NumPy on the CPU, or CuPy on GPU rank %% GPU count")
     parser.add_argument("--out", help="write the parameters as JSON here (rank 0)")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or log")
     args = parser.parse_args(argv)
     with rabit.session():
         if args.device == "cuda":

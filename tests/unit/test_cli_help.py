@@ -1,0 +1,31 @@
+"""Every command line's --help: a whole description, and every option's default."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+COMMANDS = [("trainers.gbdt", "rabit-gbdt"), ("trainers.kmeans", "rabit-kmeans"),
+            ("trainers.linear", "rabit-linear"), ("trainers.mlp", "rabit-mlp"),
+            ("rabit_py.launcher", "rabit-run")]
+
+
+def help_text(module: str, capsys) -> str:
+    with pytest.raises(SystemExit) as ended:
+        importlib.import_module(module).main(["--help"])
+    assert ended.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module, prog", COMMANDS)
+def test_help_has_a_whole_description_and_every_default(module, prog, capsys):
+    text = help_text(module, capsys)
+    assert text.startswith(f"usage: {prog}"), text
+    description = text.split("\n\n")[1]
+    # The first paragraph of the docstring, whole: it ends a sentence.
+    assert description.rstrip().endswith("."), description
+    options = text.split("options:\n", 1)[1]
+    entries = [e for e in options.split("\n  -") if e.strip()]
+    missing = [e.split()[0] for e in entries[1:] if "(default:" not in e]
+    assert not missing, f"{prog}: options without their default: {missing}"
