@@ -105,4 +105,5 @@ def test_bench_hotpath_compares_two_trees_for_every_setting(tmp_path):
                                     "robust check=on"}
     for row in result["table"].values():
         assert 0 < row["raw"] and 0 < row["before"] and 0 < row["after"], row
-        assert row["after"] >= row["raw"] * 0.5     # a rabit call is no cheaper than MPI's
+    for setting, runs in result["runs"].items():
+        assert [len(runs["before"]), len(runs["after"])] == [1, 1], setting

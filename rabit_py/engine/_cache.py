@@ -110,8 +110,7 @@ class ResultCache:
         it); ``device``: the call's result was a device array."""
         if not self.fits(result.nbytes):
             return
-        spares = self._pool.get((result.shape, result.dtype.str))
-        copy = spares.pop() if spares else np.empty(result.shape, dtype=result.dtype)
+        copy = self.buffer_like(result)
         np.copyto(copy, result)
         self._put(key, Entry(kind, signature, copy, device))
 
