@@ -242,6 +242,12 @@ def build_command(argv: Sequence[str], is_root: Optional[bool] = None,
         cmd.append("--allow-run-as-root")
     if with_ft:
         cmd += ["--with-ft", "ulfm"]
+        # --with-ft makes only the launched job recoverable: a job started by
+        # MPI_Comm_spawn (the replacements of one repair) is not, so PRRTE
+        # killed every replacement of a repair when one of them died, and
+        # the next repair then waited on a spawn that could not finish
+        # (Note [spawned jobs] in engine/_join.py).
+        cmd += ["--prtemca", "state_base_recoverable", "1"]
     if args.spares:
         if not with_ft:
             parser.error("--spares needs in-job recovery, which needs Open MPI 5 (--with-ft "

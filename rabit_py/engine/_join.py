@@ -78,6 +78,19 @@ def spawn_environment(environ: Dict[str, str], limit: int) -> str:
     return "\n".join(lines)
 
 
+# Note [spawned jobs]
+# ~~~~~~~~~~~~~~~~~~~
+# The replacements of one repair are one MPI_Comm_spawn, so one PRRTE job.
+# `mpirun --with-ft ulfm` makes only the job it launches recoverable: when one
+# process of a spawned job died, PRRTE killed the others of that job (seen:
+# ranks 1 and 3 replaced together, the new rank 3 SIGKILLed, and the new
+# rank 1 was gone a second later, during the spawn of the next repair, which
+# then could not finish). No spawn info key carries PMIx's "recoverable"
+# (Open MPI 5's dpm.c passes a fixed list), so rabit-run sets PRRTE's default
+# for every job: `--prtemca state_base_recoverable 1`. A plain mpirun needs
+# the same option (README, "Fault tolerance").
+
+
 def spawn_info() -> "MPI.Info":
     """The MPI info of a spawn: our working folder and environment."""
     info = MPI.Info.Create()

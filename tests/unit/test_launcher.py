@@ -27,6 +27,7 @@ def test_build_command_adds_the_flags():
                                  is_root=True, open_mpi_5=True)
     assert Path(cmd[0]).name == "mpirun" and Path(cmd[0]).is_file()
     assert cmd[1:] == ["-n", "3", "--oversubscribe", "--allow-run-as-root", "--with-ft", "ulfm",
+                       "--prtemca", "state_base_recoverable", "1",
                        "--mca", "btl", "^ofi", "--bind-to", "none", "python", "t.py"]
     cmd = launcher.build_command(["-n", "2", "--no-ft", "prog"], is_root=False, open_mpi_5=True)
     assert cmd[1:] == ["-n", "2", "--oversubscribe", "prog"]
