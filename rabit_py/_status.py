@@ -38,7 +38,11 @@ import os
 import socket
 from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 
-__all__ = ["Reporter", "Report", "read_reports", "job_done", "process_alive", "RESTART", "BUG", "STATES"]
+__all__ = ["Reporter", "Report", "read_reports", "job_done", "process_alive", "RESTART", "BUG",
+           "STATES", "STATUS_DIR_VARIABLE"]
+
+#: The variable that gives the job the folder (read into Config.run_status_dir).
+STATUS_DIR_VARIABLE = "RABIT_RUN_STATUS_DIR"
 
 RESTART = "restart"
 BUG = "bug"

@@ -58,11 +58,10 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
-from ._status import BUG, Report, job_done, process_alive, read_reports
+from ._status import STATUS_DIR_VARIABLE, BUG, Report, job_done, process_alive, read_reports
 
 __all__ = ["Attempt", "Outcome", "descendants", "kill_tree", "forwarded", "STATUS_DIR_VARIABLE"]
 
-STATUS_DIR_VARIABLE = "RABIT_RUN_STATUS_DIR"
 SIGNAL_GRACE_S = 10.0     # after Ctrl-C: time for mpirun to end the job itself
 FATAL_GRACE_S = 3.0       # after a fatal report: time for the job to end itself
 EXIT_GRACE_S = 10.0       # every rank finalized: time for the processes to exit

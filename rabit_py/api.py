@@ -12,10 +12,8 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from .gpu import _dispatch as device_arrays
-from .gpu._arrays import is_device_array
 from .config import Config
-from .engine.base import CheckpointResult, Engine, PrepareFn
+from .engine.base import BROADCAST, CheckpointResult, Engine, PrepareFn
 from .errors import NotInitializedError, RabitError
 from .ops import OpLike
 
@@ -176,10 +174,7 @@ def allreduce(data: np.ndarray, op: OpLike,
         CollectiveTimeoutError: the call did not complete within ``timeout``.
         NotInitializedError: before ``init()``.
     """
-    engine = _current()
-    if is_device_array(data):
-        return device_arrays.allreduce(engine, engine.config.gpu_backend, data, op, prepare_fun)
-    return engine.allreduce(data, op, prepare_fun)
+    return _current().transport(data, op).allreduce(data, op, prepare_fun)
 
 
 def broadcast(data: Any, root: int = 0) -> Any:
@@ -206,10 +201,7 @@ def broadcast(data: Any, root: int = 0) -> Any:
         CollectiveMismatchError, CollectiveTimeoutError, NotInitializedError:
             as for :func:`allreduce`.
     """
-    engine = _current()
-    if is_device_array(data):
-        return device_arrays.broadcast(engine, engine.config.gpu_backend, data, root)
-    return engine.broadcast(data, root)
+    return _current().transport(data, BROADCAST).broadcast(data, root)
 
 
 def allgather(data: np.ndarray) -> np.ndarray:
@@ -230,10 +222,7 @@ def allgather(data: np.ndarray) -> np.ndarray:
         CollectiveMismatchError, CollectiveTimeoutError, NotInitializedError:
             as for :func:`allreduce`.
     """
-    engine = _current()
-    if is_device_array(data):
-        return device_arrays.allgather(engine, engine.config.gpu_backend, data)
-    return engine.allgather(data)
+    return _current().transport(data, None).allgather(data)
 
 
 def checkpoint(global_model: Any, local_model: Any = None) -> None:

@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterator, List, Optional, Sequence
+from concurrent.futures import Future
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import api
+from ._commthread import comm_thread
+from .comm_hooks import CommHook, GradBucket
 from .ops import Op
 
 __all__ = ["GradientBucketer", "plan_buckets"]
@@ -73,32 +75,6 @@ def plan_buckets(sizes: Sequence[int], dtypes: Sequence[Any], bucket_cap_mb: flo
     return buckets
 
 
-_THREAD = "bucket-thread"
-
-
-class _SharedThread:
-    """The engine's communication thread for bucketers (an attachment:
-    closed at finalize)."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rabit-bucket")
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        return self._pool.submit(fn, *args)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _shared_thread() -> _SharedThread:
-    """The current engine's bucket thread (made at first use).
-
-    Raises:
-        NotInitializedError: before ``rabit_py.init()``.
-    """
-    return api._current().attachment(_THREAD, _SharedThread)
-
-
 def _array_module(params: Sequence[Any]) -> Any:
     """numpy or cupy, whichever every parameter belongs to."""
     from .gpu._arrays import is_device_array
@@ -126,7 +102,8 @@ class GradientBucketer:
             shapes and dtypes are used.
         bucket_cap_mb: the largest bucket, MiB (default 25).
         first_bucket_mb: the first bucket reduced, MiB (default 1).
-        average: divide the sums by the world size (``wait`` does it).
+        average: divide the sums by the world size (``wait`` does it;
+            with a communication hook, the hook decides instead).
         executor: what runs the allreduces, shared with other bucketers: an
             object whose ``submit(fn, *args)`` returns a Future and runs tasks
             one at a time in submission order, such as a one-thread
@@ -170,8 +147,9 @@ class GradientBucketer:
             self._flat.append(self._xp.zeros(offset, dtype=self._dtypes[members[0]]))
         self._views = [self._slot(i) for i in range(len(self._shapes))]
         self._lock = threading.Lock()
-        self._executor = executor if executor is not None else _shared_thread()
+        self._executor = executor if executor is not None else comm_thread()
         self._on_reduced = on_reduced
+        self._hook: Optional[Tuple[Any, CommHook]] = None
         self._accumulating = False
         self._written: set = set()         # slots holding this step's data
         self._reset()
@@ -231,10 +209,43 @@ class GradientBucketer:
             self._futures[self._next] = self._executor.submit(self._reduce, self._next, ready)
             self._next += 1
 
+    def register_comm_hook(self, state: Any, hook: CommHook) -> None:
+        """Reduce each bucket with ``hook(state, bucket)`` instead of an
+        allreduce (as DDP's ``register_comm_hook``; hooks and their contract
+        in :mod:`rabit_py.comm_hooks`, e.g. ``fp16_compress_hook``). The hook
+        leaves the final gradients in the bucket, so ``average`` no longer
+        applies: the hook decides (the default, ``allreduce_hook``, averages).
+        Every rank must register the same hook.
+
+        Raises:
+            RuntimeError: a hook is registered already, or a step has started.
+            TypeError: ``hook`` is not callable.
+        """
+        if not callable(hook):
+            raise TypeError(f"hook must be callable as hook(state, bucket), got "
+                            f"{type(hook).__name__}")
+        if self._hook is not None:
+            raise RuntimeError("a communication hook is registered already (one per "
+                               "bucketer, as in DDP)")
+        if self._next or self._written:
+            raise RuntimeError("register the communication hook before the first step")
+        self._hook = (state, hook)
+
     def _reduce(self, bucket: int, ready: Any = None) -> None:
         if ready is not None:
             self._xp.cuda.get_current_stream().wait_event(ready)
-        api.allreduce(self._flat[bucket], Op.SUM)
+        flat = self._flat[bucket]
+        if self._hook is None:
+            api.allreduce(flat, Op.SUM)
+        else:
+            state, hook = self._hook
+            result = hook(state, GradBucket(bucket, flat, tuple(self.buckets[bucket])))
+            if result is not None and result is not flat:
+                if tuple(result.shape) != tuple(flat.shape):
+                    raise ValueError(f"the communication hook returned shape "
+                                     f"{tuple(result.shape)} for bucket {bucket} of "
+                                     f"{flat.shape[0]} values")
+                flat[...] = result
         if self._on_reduced is not None:
             self._on_reduced(bucket)
 
@@ -285,7 +296,7 @@ class GradientBucketer:
             self._written = set()
             raise errors[0]
         size = api.get_world_size()
-        if self.average and size > 1:
+        if self.average and size > 1 and self._hook is None:
             for flat in self._flat:
                 if flat.dtype.kind in "fc":
                     flat /= size

@@ -41,15 +41,14 @@ scope: rabit_py is BSP by design.
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import pickle
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import api
+from ._commthread import comm_thread
 from .bucket import GradientBucketer
 from .errors import CheckpointError, KVStoreError, NotInitializedError
 from .gpu._arrays import is_device_array, to_host
@@ -70,42 +69,6 @@ class _Push(NamedTuple):
     value: np.ndarray
     priority: int
     seq: int
-
-
-class _Runner:
-    """The store's communication thread, which a caller about to wait for the
-    result anyway may bypass: when nothing is queued on the thread, a task
-    submitted under :meth:`inline` runs on the caller's thread at once (the
-    order of the collectives is unchanged, and two thread hand-offs per
-    bucket are saved: pushpull of small arrays)."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rabit-kvstore")
-        self._last: Optional[Future] = None
-        self._inline = False
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        if self._inline and (self._last is None or self._last.done()):
-            future: Future = Future()
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiter
-                future.set_exception(exc)
-        else:
-            future = self._pool.submit(fn, *args)
-        self._last = future
-        return future
-
-    @contextlib.contextmanager
-    def inline(self) -> Iterator[None]:
-        self._inline = True
-        try:
-            yield
-        finally:
-            self._inline = False
-
-    def shutdown(self, wait: bool = True) -> None:
-        self._pool.shutdown(wait=wait)
 
 
 class _Plan:
@@ -164,7 +127,9 @@ class KVStore:
         self._plans: "collections.OrderedDict[tuple, _Plan]" = collections.OrderedDict()
         self._inflight: Dict[Key, Tuple[_Plan, int]] = {}
         self._updater: Optional[Callable[[Key, np.ndarray, np.ndarray], None]] = None
-        self._executor = _Runner()
+        # The engine's one communication thread (shared with bucketers and
+        # the torch adapter, so that collectives keep one order).
+        self._executor = comm_thread()
         self._error: Optional[BaseException] = None
         self._closed = False
         #: The keys of every bucket, in the order the buckets were launched
@@ -453,7 +418,8 @@ class KVStore:
         api.allreduce(np.zeros(1, dtype=np.int32), Op.SUM)
 
     def close(self) -> None:
-        """Finish the queued pushes and stop the communication thread."""
+        """Finish the queued pushes (the communication thread is the
+        engine's: it stops at ``finalize``)."""
         if self._closed:
             return
         try:
@@ -461,7 +427,6 @@ class KVStore:
                 self.wait_all()
         finally:
             self._closed = True
-            self._executor.shutdown(wait=True)
 
     def __enter__(self) -> "KVStore":
         return self

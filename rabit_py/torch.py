@@ -33,7 +33,12 @@ from __future__ import annotations
 import contextlib
 from typing import Any, ContextManager, Iterator, List, Optional
 
-import torch
+try:
+    import torch
+except ImportError as _exc:  # pragma: no cover - depends on the environment
+    raise ImportError(f"rabit_py.torch needs PyTorch, which cannot be imported ({_exc}); "
+                      f"install it: pip install -e \".[torch]\" (or a CPU wheel of torch)"
+                      ) from _exc
 
 from . import api
 from .bucket import GradientBucketer
@@ -146,6 +151,16 @@ class DistributedModule(torch.nn.Module):
                 with self._arrays.on_torch_stream():
                     self.bucketer.mark_ready(index, self._arrays.array(param.grad))
         return ready
+
+    def register_comm_hook(self, state: Any, hook: Any) -> None:
+        """Reduce each gradient bucket with ``hook(state, bucket)`` (as DDP's
+        ``register_comm_hook``; the hook sees the bucket as a CuPy or NumPy
+        array, see :mod:`rabit_py.comm_hooks`, e.g. ``fp16_compress_hook``).
+
+        Raises:
+            RuntimeError: a hook is registered already, or a step has started.
+        """
+        self.bucketer.register_comm_hook(state, hook)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped module."""

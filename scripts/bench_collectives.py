@@ -40,6 +40,7 @@ import numpy as np
 from mpi4py import MPI
 
 import rabit_py as rabit
+from rabit_py.extras import require
 
 SIZES = [8, 64, 512, 4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 TARGET_BATCH_SECONDS = 0.03
@@ -365,6 +366,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
     parser.add_argument("--no-xgboost", action="store_true")
     args = parser.parse_args(argv)
+    if args.plot:
+        require("matplotlib", "bench", "--plot")    # before the work, not after it
 
     session = RabitSession()
     rabit.init(engine="mpi", shm=False)

@@ -23,6 +23,8 @@ import sys
 import tempfile
 from typing import Dict, List
 
+from rabit_py.extras import require
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = [("mpi", "off"), ("mpi", "on"), ("robust", "off"), ("robust", "on")]
 
@@ -76,10 +78,7 @@ def main(argv: List[str] | None = None) -> int:
                         help="draw the table as bars to this PNG")
     args = parser.parse_args(argv)
     if args.plot:
-        try:
-            import matplotlib  # noqa: F401 - checked before the work starts
-        except ImportError:
-            raise SystemExit('--plot needs matplotlib: pip install -e ".[bench]"')
+        require("matplotlib", "bench", "--plot")
     results: Dict[str, Dict[str, List[Dict[str, float]]]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         before = os.path.join(scratch, "before")

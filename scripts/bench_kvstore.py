@@ -30,6 +30,7 @@ from mpi4py import MPI  # noqa: E402
 import rabit_py as rabit  # noqa: E402
 from rabit_py.kvstore import KVStore  # noqa: E402
 from rabit_py.optimizer import SGD  # noqa: E402
+from rabit_py.extras import require  # noqa: E402
 
 SIZES = [64 * 2 ** 10, 2 ** 20, 16 * 2 ** 20]
 
@@ -44,6 +45,8 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("--json", default="bench-results/kvstore.json")
     parser.add_argument("--plot", help="draw the table into this image (matplotlib)")
     args = parser.parse_args(argv)
+    if args.plot:
+        require("matplotlib", "bench", "--plot")    # before the work, not after it
     rabit.init()
     rank, size = rabit.get_rank(), rabit.get_world_size()
     comm = MPI.COMM_WORLD

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
+from rabit_py.extras import require
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -79,10 +81,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.worker:
         return worker(args)
     if args.plot:
-        try:
-            import matplotlib  # noqa: F401 - checked before the work starts
-        except ImportError:
-            parser.error('--plot needs matplotlib: pip install -e ".[bench]"')
+        require("matplotlib", "bench", "--plot")    # before the work, not after it
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RABIT_CHECK": "1"}
     if args.budget is not None:
         env["RABIT_CACHE_BUDGET"] = str(args.budget)

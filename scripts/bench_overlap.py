@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 
 import rabit_py as rabit  # noqa: E402
 from rabit_py.bucket import GradientBucketer  # noqa: E402
+from rabit_py.extras import require  # noqa: E402
 
 
 def main(argv: list | None = None) -> int:
@@ -47,6 +48,10 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("--plot", nargs="?", const="bench-results/overlap.png",
                         help="draw the medians (matplotlib) into this file")
     args = parser.parse_args(argv)
+    if args.plot:
+        require("matplotlib", "bench", "--plot")    # before the work, not after it
+    if args.device == "cuda":
+        require("cupy", "gpu", "--device cuda")
     rabit.init()
     rank, size = rabit.get_rank(), rabit.get_world_size()
     xp = np

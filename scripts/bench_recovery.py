@@ -42,6 +42,7 @@ import time
 from typing import Dict, List, Optional
 
 import numpy as np
+from rabit_py.extras import require  # noqa: E402
 
 SIZES = [1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 
@@ -78,8 +79,8 @@ def worker(args: argparse.Namespace) -> int:
         first_round = False
     elapsed = time.time() - start
     report = {"rank": rank, "elapsed": elapsed, "cache_bytes_per_round": cache_bytes,
-              "recoveries": engine.recovery_log,
-              "repair": vars(engine.repair_times), "trial": engine._trial}
+              "recoveries": engine.recovery.log,
+              "repair": vars(engine.recovery.repair_times), "trial": engine.trial}
     if args.checkpoint_sizes:     # collective: every rank measures
         report["checkpoint"] = checkpoint_costs(rabit, args)
     print("REPORT " + json.dumps(report), flush=True)
@@ -347,6 +348,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--xgb-rounds", type=int, default=40)
     parser.add_argument("--xgb-every", type=int, default=5)
     args = parser.parse_args(argv)
+    if args.plot:
+        require("matplotlib", "bench", "--plot")    # before the work, not after it
     if args.worker:
         return worker(args)
     if args.xgboost:

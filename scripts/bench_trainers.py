@@ -33,6 +33,7 @@ sys.path.insert(0, ROOT)
 
 from trainers.data import make_blobs, make_higgs_like, shard_range  # noqa: E402
 from trainers.gbdt import _auc  # noqa: E402
+from rabit_py.extras import require  # noqa: E402
 
 HELD_OUT = 200_000
 
@@ -149,6 +150,8 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("--worker", choices=["gbdt", "small"], help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.plot:
+        require("matplotlib", "bench", "--plot")    # before the work, not after it
     if args.worker == "gbdt":
         worker_gbdt(args)
         return 0

@@ -26,8 +26,12 @@ import os
 import sys
 import time
 
-import xgboost
-from xgboost.callback import TrainingCallback
+from rabit_py.extras import require
+
+require("xgboost", "xgboost", "scripts/xgboost_train.py")
+
+import xgboost  # noqa: E402
+from xgboost.callback import TrainingCallback  # noqa: E402
 
 import rabit_py as rabit
 import rabit_py.xgboost as rxgb

@@ -6,20 +6,16 @@ import json
 import os
 import sys
 
-import pytest
-
 from rabit_py import launcher
 from rabit_py.launcher import find_mpirun
 
-from ._proc import ROOT, rabit_run, run
+from ._proc import rabit_run, run
 
 PROGRAM = [sys.executable, "tests/programs/bsp_train.py"]
-
 
 def parse(out, tag):
     return [json.loads(line[len(tag) + 1:]) for line in out.splitlines()
             if line.startswith(tag + " ")]
-
 
 def shm_and_session_files():
     names = set()
@@ -29,13 +25,11 @@ def shm_and_session_files():
             names |= {f"{folder}/{n}" for n in os.listdir(folder) if n.startswith(prefixes)}
     return names
 
-
 ONE_ALLREDUCE = ("import numpy as np, rabit_py as r\n"
                  "r.init()\n"
                  "x = r.allreduce(np.full(3, float(r.get_rank())), r.Op.SUM)\n"
                  "print('SUM', x.tolist(), flush=True)\n"
                  "r.finalize()\n")
-
 
 # ---------------------------------------------------------------- teardown
 def test_an_unused_spare_leaves_at_finalize_without_a_stall():
@@ -50,7 +44,6 @@ def test_an_unused_spare_leaves_at_finalize_without_a_stall():
         assert "stopping the job" not in out and "teardown" not in out, out
     assert shm_and_session_files() - before == set()
 
-
 def test_plain_mpirun_with_a_spare_exits():
     # The README's `mpirun --with-ft ulfm -n N+1 -x RABIT_SPARES=1`: hung forever.
     cmd = [find_mpirun(), "-n", "3", "--oversubscribe", "--with-ft", "ulfm", "-x",
@@ -61,7 +54,6 @@ def test_plain_mpirun_with_a_spare_exits():
     assert code == 0, out
     assert out.count("SUM [1.0, 1.0, 1.0]") == 2, out
 
-
 # ---------------------------------------------------------------- exit semantics
 def test_finishing_without_finalize_is_a_success():
     program = ("import numpy as np, rabit_py as r\n"
@@ -71,7 +63,6 @@ def test_finishing_without_finalize_is_a_success():
     assert code == 0, out
     assert out.count("SUM [2.0, 2.0]") == 2
     assert "failed" not in out and "killed" not in out, out
-
 
 def test_a_rank_that_exits_at_start_up_every_time_is_a_bug_not_a_fault(tmp_path):
     # Rank 1 leaves with os._exit(0) (no trace: not even MPI's finalize) in
@@ -93,7 +84,6 @@ def test_a_rank_that_exits_at_start_up_every_time_is_a_bug_not_a_fault(tmp_path)
     assert "rank 1 died 3 times in a row right after being replaced" in out, out[-4000:]
     assert "not restarting it" in out, out[-4000:]
     assert "restart 1 of 2" not in out
-
 
 # ---------------------------------------------------------------- supervision
 def test_a_job_that_reports_it_cannot_go_on_is_ended_and_restarted(tmp_path, capsys):
@@ -122,7 +112,6 @@ def test_a_job_that_reports_it_cannot_go_on_is_ended_and_restarted(tmp_path, cap
     assert "did not end within" in err and "restart 1 of 1" in err
     assert "restart 1: unrecoverable: rank 0: the local model of rank 1 is lost" in err
 
-
 def test_a_bug_report_is_not_restarted(tmp_path, capsys):
     fake = tmp_path / "mpirun"
     count = tmp_path / "count"
@@ -137,7 +126,6 @@ def test_a_bug_report_is_not_restarted(tmp_path, capsys):
     assert code == 1
     assert count.read_text().count("x") == 1
     assert "a bug: rank 0: uncaught ValueError: bad input" in capsys.readouterr().err
-
 
 def test_a_wedged_job_is_ended_and_restarted(tmp_path):
     # Rank 1 stops (SIGSTOP) inside an allreduce, so every living rank waits
@@ -161,7 +149,6 @@ def test_a_wedged_job_is_ended_and_restarted(tmp_path):
     assert code == 0, out
     assert "no rank made progress for" in out and "a wedge" in out, out
     assert out.count("SUM [2.0, 2.0]") == 2, out
-
 
 def test_adjacent_ranks_lost_together_restart_from_disk(tmp_path):
     # Ranks 1 and 2 die at the same call: rank 1's only local-model replica
@@ -189,7 +176,6 @@ def test_adjacent_ranks_lost_together_restart_from_disk(tmp_path):
         assert (r["model"], r["local"], r["version"]) == (ref["model"], ref["local"],
                                                           ref["version"])
 
-
 # ---------------------------------------------------------------- spare refill
 def test_a_spawn_refills_the_spares():
     # Note [spare refill]: the spare takes rank 1's place; rank 2's then needs
@@ -213,7 +199,6 @@ def test_a_spawn_refills_the_spares():
         ref = reference[rank]
         assert (r["model"], r["local"], r["version"]) == (ref["model"], ref["local"],
                                                           ref["version"])
-
 
 def test_a_death_during_a_spawn_ends_the_job_at_once(tmp_path, capsys):
     # Note [stuck spawn]: a stand-in mpirun whose ranks 0 and 2 report being
@@ -250,12 +235,10 @@ def test_a_death_during_a_spawn_ends_the_job_at_once(tmp_path, capsys):
             "cannot finish a spawn" in err), err
     assert "restart 1 of 1" in err
 
-
 def _report(state, spawning=(), started=True, ok=False):
     from rabit_py._status import Report
     beat = (1, 5, 2, 1, state, 100, "h", 0, 0) if state else None
     return Report(started=started, beat=beat, ok=ok, spawning=frozenset(spawning))
-
 
 def test_the_stuck_spawn_rule_names_only_deaths_outside_the_spawn():
     from rabit_py._supervisor import _Watch
@@ -272,7 +255,6 @@ def test_the_stuck_spawn_rule_names_only_deaths_outside_the_spawn():
     # A rank that finished (ok) is not a death.
     ranks["rank-3"] = _report("done", ok=True)
     assert _Watch._stuck_spawn(ranks, alive) is None
-
 
 # ---------------------------------------------------------------- the storm
 def test_a_short_storm_of_outside_kills_finishes_bitwise_identical(tmp_path):
@@ -291,7 +273,6 @@ def test_a_short_storm_of_outside_kills_finishes_bitwise_identical(tmp_path):
     storm = figures["runs"][0]
     assert storm["kills"] >= 10 and not storm["problems"], storm
     assert storm["left_processes"] == [] and storm["left_files"] == [], storm
-
 
 # ---------------------------------------------------------------- crossing messages
 def test_a_skipped_call_raises_the_mismatch_on_every_rank_under_load():
@@ -314,7 +295,6 @@ def test_a_skipped_call_raises_the_mismatch_on_every_rank_under_load():
         for proc in busy:
             proc.kill()
             proc.wait()
-
 
 def test_a_one_rank_job_leaves_nothing_in_dev_shm():
     # Open MPI's shared-memory BTL left its backing file in /dev/shm at every

@@ -10,11 +10,13 @@ import argparse
 import json
 import math
 import re
+import sys
 from typing import Any, Iterable, Optional
 
 import numpy as np
 
 import rabit_py as rabit
+from rabit_py.extras import missing
 
 __all__ = ["ensure_init", "DataError", "agree", "global_offset", "exact_sum", "progress",
            "splitmix64", "resume_state", "state_key", "data_fingerprint"]
@@ -126,6 +128,11 @@ def splitmix64(keys: np.ndarray) -> np.ndarray:
 def progress(iterable: Iterable[Any], total: int, desc: str, verbose: bool) -> Any:
     """A tqdm progress bar on rank 0 (when ``verbose``); the bare iterable elsewhere."""
     if not verbose or rabit.get_rank() != 0:
+        return iterable
+    if missing("tqdm"):
+        # A progress bar is not worth ending a training for.
+        print(f"{desc}: no progress bar without tqdm (pip install -e \".[trainers]\")",
+              file=sys.stderr, flush=True)
         return iterable
     from tqdm.auto import tqdm
 

@@ -11,6 +11,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ._mpistart import MPI
 
+from .._status import STATUS_DIR_VARIABLE
+
 __all__ = ["JoinState", "RepairTimes", "spawn_command", "spawn_environment", "spawn_info",
            "free_comm", "is_replacement"]
 
@@ -25,7 +27,7 @@ class JoinState:
     # With spares (Note [spares]): the ranks taken by spawned processes, the
     # rest of ``dead`` being taken by spares; None without spares.
     spawned: Optional[List[int]] = None
-    # Note [crash loop] in robust.py: ranks whose replacements have not caught
+    # Note [crash loop] in _recovery.py: ranks whose replacements have not caught
     # up yet, and how many times in a row each died before catching up.
     catching_up: List[int] = dataclasses.field(default_factory=list)
     quick_deaths: Dict[int, int] = dataclasses.field(default_factory=dict)
@@ -57,7 +59,7 @@ def spawn_command() -> Tuple[str, List[str]]:
 
 # What a replacement needs in its environment before it joins, most needed
 # first; the other RABIT_* settings come with the join state.
-_SPAWN_ENV_FIRST = ("PYTHONPATH", "PYTHONHASHSEED", "RABIT_RUN_STATUS_DIR", "RABIT_ENGINE",
+_SPAWN_ENV_FIRST = ("PYTHONPATH", "PYTHONHASHSEED", STATUS_DIR_VARIABLE, "RABIT_ENGINE",
                     "RABIT_SPARES", "RABIT_RECOVERY_TIMEOUT", "RABIT_RESTART_COUNT")
 
 

@@ -9,20 +9,80 @@ calls ``super()``.
 from __future__ import annotations
 
 import abc
+import dataclasses
+import logging
 from typing import Any, Callable, List, Optional, Tuple, Union
 
 import numpy as np
 
 from ..ops import OpLike
 
-__all__ = ["Engine", "PrepareFn", "CheckpointResult", "DEVICE_TRANSPORT"]
+__all__ = ["Engine", "PrepareFn", "CheckpointResult", "Transport", "Resources", "BROADCAST"]
 
 PrepareFn = Callable[[np.ndarray], Any]
 CheckpointResult = Union[Tuple[int, Any], Tuple[int, Any, Any]]
-#: The engine attachment that carries device arrays in broadcast and allgather
-#: (the NCCL backend of ``rabit_py.gpu``: ``carries``, ``to_host``,
-#: ``upload``, ``broadcast``, ``allgather``).
-DEVICE_TRANSPORT = "nccl"
+#: The ``op`` that :meth:`Transport.enabled` gets for a broadcast (an
+#: allreduce passes its op, an allgather None: it only moves bytes).
+BROADCAST = "broadcast"
+
+log = logging.getLogger("rabit_py")
+
+
+class Transport(abc.ABC):
+    """One path that carries collectives (Note [transports] in
+    ``_transports.py``): the engine asks its candidates in order and the
+    first one :meth:`enabled` for the call carries it."""
+
+    #: a short name, for logs and tests
+    name = "transport"
+
+    @abc.abstractmethod
+    def enabled(self, data: Any, op: Any) -> bool:
+        """Whether this transport carries a call on ``data`` (``op``: the
+        allreduce's op, None for an allgather, :data:`BROADCAST`). It must
+        answer the same on every rank that makes the same call; it may decide
+        collectively the first time (the call is collective anyway)."""
+
+    @abc.abstractmethod
+    def allreduce(self, data: Any, op: OpLike, prepare_fun: Optional[PrepareFn]) -> Any:
+        """As :func:`rabit_py.allreduce`."""
+
+    @abc.abstractmethod
+    def broadcast(self, data: Any, root: int) -> Any:
+        """As :func:`rabit_py.broadcast`."""
+
+    @abc.abstractmethod
+    def allgather(self, data: Any) -> Any:
+        """As :func:`rabit_py.allgather`."""
+
+
+@dataclasses.dataclass
+class Resources:
+    """What the device transports and the helper thread keep with an engine;
+    each one's ``close()`` runs at finalize."""
+
+    #: the NCCL backend (``rabit_py.gpu``), once the ranks chose it; it also
+    #: carries device arrays in broadcast and allgather
+    nccl: Any = None
+    #: the ranks decided together to stage device arrays through host memory
+    staged: bool = False
+    #: page-locked host buffers by shape and dtype, for staged allreduces
+    pinned: Any = None
+    #: the one communication thread of the bucketer, torch adapter and KVStore
+    comm_thread: Any = None
+
+    def close(self, rank: int) -> None:
+        """Close every resource (failures are logged: finalize goes on)."""
+        for field in ("nccl", "pinned", "comm_thread"):
+            resource = getattr(self, field)
+            if resource is None:
+                continue
+            try:
+                resource.close()
+            except Exception as exc:  # noqa: BLE001 - finalize goes on
+                log.warning("rank %d: closing %r at finalize failed: %s", rank, resource, exc)
+            setattr(self, field, None)
+        self.staged = False
 
 
 class Engine(abc.ABC):
@@ -119,8 +179,8 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def device_transport(self) -> Any:
         """The transport that carries device arrays in :meth:`broadcast` and
-        :meth:`device_allgather` (the attachment ``DEVICE_TRANSPORT``), or
-        None: then they are staged through host memory."""
+        :meth:`device_allgather` (``resources.nccl``), or None: then they are
+        staged through host memory."""
 
     @abc.abstractmethod
     def device_allgather(self, data: Any) -> Any:
@@ -133,12 +193,13 @@ class Engine(abc.ABC):
         """Every rank's ``obj``, outside the numbered calls (to set up a
         transport: not part of the program's call sequence). Collective."""
 
+    @property
     @abc.abstractmethod
-    def attach(self, name: str, resource: Any) -> Any:
-        """Keep ``resource`` (a NCCL communicator, pinned buffers, a decision)
-        with this engine; its ``close()`` runs at finalize. Returns it."""
+    def resources(self) -> Resources:
+        """What the device transports and the communication thread keep with
+        this engine."""
 
     @abc.abstractmethod
-    def attachment(self, name: str, make: Optional[Callable[[], Any]] = None) -> Any:
-        """What :meth:`attach` kept under ``name``; if nothing, ``make()``
-        attached there (None without ``make``)."""
+    def transport(self, data: Any, op: Any) -> Transport:
+        """The transport that carries a call on ``data`` (Note [transports]):
+        ``op`` as for :meth:`Transport.enabled`."""

@@ -33,14 +33,14 @@ class MockEngine(RobustEngine):
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
-        self._plan = parse_plan(self._config.mock)
+        self._plan = parse_plan(self.config.mock)
 
     def _before_call(self, seqno: int) -> None:
-        trial = self._trial + self._config.restart_count
-        if matches(self._plan, self._rank, self._version, seqno, trial):
+        trial = self.trial + self.config.restart_count
+        if matches(self._plan, self.frame.rank, self.frame.version, seqno, trial):
             sys.stdout.flush()
-            sys.stderr.write(f"rabit_py mock: rank {self._rank} killed at version "
-                             f"{self._version}, seqno {seqno}, trial {trial} "
+            sys.stderr.write(f"rabit_py mock: rank {self.frame.rank} killed at version "
+                             f"{self.frame.version}, seqno {seqno}, trial {trial} "
                              f"(time {time.time():.6f})\n")
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)

@@ -31,10 +31,8 @@ import os
 from ..config import GPU_BACKENDS
 from ..errors import RabitError
 from ._arrays import is_device_array, to_host
-from ._dispatch import allgather, allreduce, broadcast
 
-__all__ = ["is_device_array", "to_host", "allreduce", "broadcast", "allgather", "BACKENDS",
-           "select_device"]
+__all__ = ["is_device_array", "to_host", "BACKENDS", "select_device"]
 
 BACKENDS = GPU_BACKENDS
 

@@ -47,14 +47,11 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, List, Optional
 
-from ..engine.base import DEVICE_TRANSPORT
 from ..errors import CollectiveTimeoutError, RabitError
 from ._arrays import is_device_array
 from ..ops import OPS
 
 __all__ = ["NcclBackend", "nccl_reason", "takes_nccl"]
-
-ATTACHMENT = DEVICE_TRANSPORT          # where the engine keeps this backend
 
 # NumPy dtype chars -> names of cupy.cuda.nccl's data type constants
 _DTYPES = {"b": "NCCL_INT8", "B": "NCCL_UINT8", "i": "NCCL_INT32", "I": "NCCL_UINT32",

@@ -54,7 +54,7 @@ for dtype in (cupy.float16, cupy.float32, cupy.float64, cupy.int32, cupy.int64):
     x = cupy.full((1 << 20,), rank + 1, dtype=dtype)
     assert rabit.allreduce(x, rabit.Op.SUM) is x
     assert int(x[-1]) == size * (size + 1) // 2, (dtype, x[-1])
-assert isinstance(rabit.api._engine.attachment("nccl"), NcclBackend)
+assert isinstance(rabit.api._engine.resources.nccl, NcclBackend)
 b = cupy.arange(6, dtype=cupy.float64) * (rank + 1)
 assert rabit.broadcast(b, 0) is b and (cupy.asnumpy(b) == np.arange(6)).all()
 got = rabit.broadcast(None if rank else cupy.ones((2, 3), cupy.bool_), 0)

@@ -141,3 +141,83 @@ def test_two_bucketers_share_the_engine_thread(session):
     finally:
         first.close()
         second.close()
+
+
+def test_comm_hooks(session):
+    from rabit_py.comm_hooks import allreduce_hook, fp16_compress_hook
+
+    # The default hook is what average=True does without a hook.
+    plain = GradientBucketer(params(), bucket_cap_mb=0.01, first_bucket_mb=0.001)
+    hooked = GradientBucketer(params(), bucket_cap_mb=0.01, first_bucket_mb=0.001,
+                              average=False)
+    hooked.register_comm_hook(None, allreduce_hook)
+    # fp16: each rank's gradient, cast to float16 and divided by the world size,
+    # summed in float16 (an exact expectation: integer-valued inputs in range).
+    half = GradientBucketer(params(np.float32), bucket_cap_mb=0.01, first_bucket_mb=0.001)
+    half.register_comm_hook(None, fp16_compress_hook)
+    seen = []
+    spy = GradientBucketer(params(), bucket_cap_mb=0.01, first_bucket_mb=0.001)
+
+    def record(state, bucket):
+        seen.append((state, bucket.index(), bucket.parameters(), bucket.buffer().size))
+        return bucket.buffer() * 0 + rabit.get_rank()    # a result to copy in, no collective
+
+    spy.register_comm_hook("my-state", record)
+    try:
+        mine = grads(RANK, 3)
+        for i in range(len(SHAPES)):
+            plain.mark_ready(i, mine[i])
+        want = [g.copy() for g in plain.wait()]
+        for i in range(len(SHAPES)):
+            hooked.mark_ready(i, mine[i])
+        for g, w in zip(hooked.wait(), want):
+            assert g.tobytes() == w.tobytes()
+
+        mine32 = grads(RANK, 4, np.float32)
+        for i in range(len(SHAPES)):
+            half.mark_ready(i, mine32[i])
+        got = half.wait()
+        everyone = rabit.allgather(np.concatenate([g.ravel() for g in mine32])[None, :])
+        scaled = (everyone.astype(np.float16) / np.float16(SIZE)) if SIZE > 1 else \
+            everyone.astype(np.float16)
+        expected = scaled[0].copy()
+        for row in scaled[1:]:
+            expected += row
+        flat_got = np.concatenate([g.ravel() for g in got])
+        assert flat_got.dtype == np.float32
+        assert flat_got.tobytes() == expected.astype(np.float32).tobytes()
+        assert same_on_all_ranks(flat_got)
+
+        for i in range(len(SHAPES)):
+            spy.mark_ready(i, mine[i])
+        out = spy.wait()
+        assert [s[1] for s in seen] == list(range(len(spy.buckets)))
+        assert all(s[0] == "my-state" for s in seen)
+        assert sorted(i for s in seen for i in s[2]) == list(range(len(SHAPES)))
+        assert all((g == RANK).all() for g in out)     # no averaging on top of the hook
+
+        with pytest.raises(RuntimeError, match="registered already"):
+            hooked.register_comm_hook(None, allreduce_hook)
+        with pytest.raises(TypeError, match="callable"):
+            GradientBucketer(params()).register_comm_hook(None, "allreduce")
+        ints = GradientBucketer(params(np.int64), bucket_cap_mb=0.01, first_bucket_mb=0.001)
+        ints.register_comm_hook(None, fp16_compress_hook)
+        for i in range(len(SHAPES)):
+            ints.mark_ready(i, np.zeros(SHAPES[i], dtype=np.int64))
+        with pytest.raises(TypeError, match="floating-point"):
+            ints.wait()
+    finally:
+        for b in (plain, hooked, half, spy):
+            b.close()
+
+
+def test_kvstore_and_bucketers_share_one_communication_thread(session):
+    from rabit_py.kvstore import KVStore
+
+    bucketer = GradientBucketer(params(), bucket_cap_mb=0.01, first_bucket_mb=0.001)
+    store = KVStore()
+    try:
+        assert store._executor is bucketer._executor
+    finally:
+        store.close()
+        bucketer.close()

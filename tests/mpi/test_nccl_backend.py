@@ -11,7 +11,6 @@ import pytest
 from mpi4py import MPI
 
 import rabit_py as rabit
-from rabit_py.gpu._dispatch import _Staged
 from rabit_py.gpu._nccl import NcclBackend
 
 from .conftest import WORLD
@@ -47,7 +46,7 @@ def test_allreduce_takes_nccl_and_matches_mpi(fake_cupy, backend):
                 data = fake_cupy.ndarray(host)
                 assert rabit.allreduce(data, op) is data
                 np.testing.assert_array_equal(data.get(), host_allreduce(host, op))
-        backend_obj = engine.attachment("nccl")
+        backend_obj = engine.resources.nccl
         assert isinstance(backend_obj, NcclBackend)
         assert backend_obj._comm.calls == 8 * 4
         assert backend_obj.device == RANK
@@ -75,13 +74,13 @@ def test_what_nccl_lacks_is_staged(fake_cupy):
         rabit.allreduce(custom, rabit.Op.create(np.maximum))
         assert (custom.get() == SIZE).all()
         # none of these reached NCCL (nor made a communicator)
-        assert engine.attachment("nccl") is None
+        assert engine.resources.nccl is None
         # a broadcast before the backend is chosen (by a device allreduce or
         # allgather) is staged
         mine = fake_cupy.ndarray(np.full(4, RANK, dtype=np.int64))
         rabit.broadcast(mine, 0)
         assert (mine.get() == 0).all()
-        assert engine.attachment("nccl") is None
+        assert engine.resources.nccl is None
     finally:
         rabit.finalize()
 
@@ -110,7 +109,7 @@ def test_broadcast_and_allgather_take_nccl_once_chosen(fake_cupy, check):
                 reference = host_allgather(host)
                 assert gathered.shape == reference.shape
                 assert gathered.get().tobytes() == reference.tobytes()
-        nccl = engine.attachment("nccl")
+        nccl = engine.resources.nccl
         assert isinstance(nccl, NcclBackend)     # chosen by the first allgather
         # (one rank alone moves nothing: no communicator is made)
         assert SIZE == 1 or nccl._comm.allgathers == 2 * len(MOVED_DTYPES)
@@ -170,7 +169,7 @@ def test_a_device_broadcast_into_a_wrong_buffer_is_reported(fake_cupy):
                     rabit.broadcast(data, 0)
             else:
                 assert (rabit.broadcast(data, 0).get() == 0).all()
-            assert engine.attachment("nccl")._comm.broadcasts == (0 if check else 1)
+            assert engine.resources.nccl._comm.broadcasts == (0 if check else 1)
         finally:
             rabit.finalize()
 
@@ -199,7 +198,11 @@ def test_shared_gpus_are_staged_or_refused(fake_cupy):
         rabit.allreduce(data, rabit.Op.SUM)
         assert (data.get() == SIZE).all()
         # one rank alone may use NCCL; several on one GPU stage through the host
-        assert isinstance(engine.attachment("nccl"), NcclBackend if SIZE == 1 else _Staged)
+        if SIZE == 1:
+            assert isinstance(engine.resources.nccl, NcclBackend)
+        else:
+            assert engine.resources.nccl is None and engine.resources.staged
+        assert engine.transport(data, rabit.Op.SUM).name == ("nccl" if SIZE == 1 else "staged")
     finally:
         rabit.finalize()
     if SIZE == 1:
@@ -218,14 +221,14 @@ def test_the_robust_engine_stages_unless_nccl_is_asked_for(fake_cupy, session):
     engine = rabit.api._engine
     data = fake_cupy.ndarray(np.full(3, 2.0))
     rabit.allreduce(data, rabit.Op.SUM)
-    assert (data.get() == 2.0 * SIZE).all() and engine.attachment("nccl") is None
+    assert (data.get() == 2.0 * SIZE).all() and engine.resources.nccl is None
     rabit.finalize()
     engine = start("robust", gpu_backend="nccl")
     for step in range(3):
         data = fake_cupy.ndarray(np.full(3, step + RANK + 1.0))
         rabit.allreduce(data, rabit.Op.SUM)
         assert (data.get() == SIZE * (step + 1) + SIZE * (SIZE - 1) / 2).all()
-    nccl = engine.attachment("nccl")
+    nccl = engine.resources.nccl
     assert isinstance(nccl, NcclBackend) and nccl._comm.calls == 3
     # broadcast and allgather go through NCCL too
     mine = fake_cupy.ndarray(np.full(2, RANK, dtype=np.int64))
@@ -284,7 +287,7 @@ def test_the_bucketer_reduces_cupy_gradients_through_nccl(fake_cupy):
             assert all(type(g).__module__ == "cupy" for g in got)
             for g, w in zip(got, want):
                 np.testing.assert_array_equal(g.get(), w)
-        nccl = rabit.api._engine.attachment("nccl")
+        nccl = rabit.api._engine.resources.nccl
         assert nccl._comm.calls == 2 * len(device.buckets)
         executor.shutdown(wait=True)
     finally:
@@ -320,7 +323,7 @@ def test_the_mlp_on_the_device_path_matches_the_cpu(fake_cupy):
                                        [np.float64] * len(shapes), 0.001, 0.0002)
                 assert len(buckets) >= 2
                 # every bucket of every step went through NCCL
-                assert rabit.api._engine.attachment("nccl")._comm.calls == 6 * len(buckets)
+                assert rabit.api._engine.resources.nccl._comm.calls == 6 * len(buckets)
         finally:
             rabit.finalize()
     for a, b in zip(fitted["cpu"].params_, fitted["cuda"].params_):
@@ -342,4 +345,4 @@ def test_the_staged_path_reuses_pinned_host_buffers(fake_cupy, session):
     rabit.allreduce(fake_cupy.ndarray(np.ones(7)), rabit.Op.MAX)
     # one page-locked buffer per shape and dtype, reused from call to call
     assert fake_cupy.PINNED_MADE == [((4, 5), "<f4"), ((7,), "<f8")]
-    assert engine.attachment("nccl") is None
+    assert engine.resources.nccl is None

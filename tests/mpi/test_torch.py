@@ -170,7 +170,7 @@ def test_the_cuda_path_reduces_through_dlpack_views_and_nccl(session_torch, fake
         used = sum(g is not None for g in per_rank[0])
         assert fake_cupy.ExternalStream.entered - entered == 1 + used + 1
         if SIZE > 1:
-            nccl = rabit.api._engine.attachment("nccl")
+            nccl = rabit.api._engine.resources.nccl
             assert nccl._comm.calls >= len(model.bucketer.buckets)
     finally:
         model.close()

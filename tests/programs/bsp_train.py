@@ -53,7 +53,7 @@ def main() -> int:
     if timer is not None:
         timer.cancel()          # this spare became a rank: it lives
     rank, size = rabit.get_rank(), rabit.get_world_size()
-    trial = getattr(rabit.api._engine, "_trial", 0)
+    trial = getattr(rabit.api._engine, "trial", 0)
     joined = getattr(rabit.api._engine, "joined_as", "start")
     print("START " + json.dumps({"rank": rank, "pid": os.getpid(), "trial": trial,
                                  "joined": joined}), flush=True)

@@ -52,7 +52,7 @@ for it in range(version, 6):
     assert isinstance(rows, _fakecupy.ndarray), type(rows)              # seqno 3
     model = model + 0.1 * grad.get() + top.get().sum() + got.get().sum() + rows.get().sum()
     rabit.checkpoint(model)                                             # seqno 4
-nccl = engine.attachment("nccl")
+nccl = engine.resources.nccl
 print("RESULT " + json.dumps({
     "rank": rank, "world": rabit.get_world_size(), "pid": os.getpid(),
     "joined": getattr(engine, "joined_as", "start"),

@@ -82,7 +82,7 @@ def main():
     rabit.init()
     rank = rabit.get_rank()
     print("START " + json.dumps({"rank": rank, "pid": os.getpid(),
-                                 "trial": getattr(rabit.api._engine, "_trial", 0)}), flush=True)
+                                 "trial": getattr(rabit.api._engine, "trial", 0)}), flush=True)
     for name in args.only or NAMES:
         path = os.path.join(args.out, name + ".json")
         if name in GBDT_PARAMS:

@@ -63,7 +63,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     rabit.init()
     rank = rabit.get_rank()
-    trial = getattr(rabit.api._engine, "_trial", 0)
+    trial = getattr(rabit.api._engine, "trial", 0)
     print("START " + json.dumps({"rank": rank, "pid": os.getpid(), "trial": trial}), flush=True)
 
     params = {"objective": "binary:logistic", "max_depth": 4, "eta": 0.3, "nthread": 1,

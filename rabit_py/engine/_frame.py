@@ -1,0 +1,318 @@
+"""The call frame: what every collective of both engines goes through once.
+
+A collective is *framed*: numbered (its token ``(kind, version, seqno)``),
+watched (Note [timeouts] in ``_watchdog.py``), checked (Note [signature check]
+in ``_signature.py``), and an MPI error raised inside it becomes a rabit_py
+exception here, in :meth:`CallFrame.failure`, the one place that decides
+what an MPI error means. The frame also holds what every part of an engine
+reads: the communicators, this rank, the world size, the version and call
+number, and whether the engine is broken or finalized.
+
+The two engines differ in one decision, made at construction: whether a lost
+peer is recovered (``recovers``: the failure is a ``PeerFailure``, for the
+robust engine's repair loop) or ends the job (``RecoveryError``, and rabit-run
+is told that a restart may help).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import numpy as np
+
+from ._mpistart import MPI
+
+from .._status import RESTART, Reporter
+from ..config import Config
+from ..errors import (CollectiveMismatchError, CollectiveTimeoutError, PeerFailure, RabitError,
+                      RecoveryError)
+from ._lifecycle import abort_job, end_job_on_uncaught
+from ._signature import (N_FIELDS, Call, Kind, agrees, call_signature, call_values,
+                         describe_mismatch, fill_vector, mismatched_fields)
+from ._watchdog import (FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, Position, Watchdog, announce,
+                        exchange_positions, find_notice, timeout_message)
+
+__all__ = ["CallFrame", "ERR_PROC_FAILED", "ERR_REVOKED"]
+
+ERR_PROC_FAILED = getattr(MPI, "ERR_PROC_FAILED", 75)
+ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
+
+
+class CallFrame:
+    """Numbering, watchdog, signature check and MPI-error translation of an
+    engine's collectives, and the state they share.
+
+    Args:
+        config: the job's settings.
+        ulfm: whether the job runs with MPI fault tolerance.
+        recovers: whether a lost peer is recovered in the job (the robust
+            engine) rather than ending it.
+
+    Fields (read by the engines; set where noted):
+        comm, ctrl, rank, size: the data and control communicators and this
+            rank's place in them (:meth:`use`).
+        check: whether calls are signature-checked (``config.check`` and
+            more than one rank; set by the engine).
+        version, seqno: the committed version and the number of the next
+            call since it; token: ``(kind, version, seqno)`` of the current call.
+        broken: why the engine cannot be used any more, or None.
+        finalized: whether ``finalize`` ran.
+        membership: bumped each time the communicators are replaced.
+        watchdog, reporter: the timeout watchdog (None without timeouts or
+            status folder) and the status reporter (set by the engine).
+    """
+
+    def __init__(self, config: Config, ulfm: bool, recovers: bool) -> None:
+        self.config = config
+        self.ulfm = ulfm
+        self.recovers = recovers
+        self.comm: Any = None
+        self.ctrl: Any = None
+        self.rank = 0
+        self.size = 1
+        self.check = False
+        self.version = 0
+        self.seqno = 0
+        self.token: Tuple[int, int, int] = (0, 0, 0)
+        self.broken: Optional[str] = None
+        self.finalized = False
+        self.membership = 0
+        self.watchdog: Optional[Watchdog] = None
+        self.reporter = Reporter(None, "")
+        self._sigvec = np.empty(2 * N_FIELDS, dtype=np.int64)
+
+    def use(self, comm: Any, ctrl: Any) -> None:
+        """Run on ``comm``, with ``ctrl`` for control traffic."""
+        self.comm, self.ctrl = comm, ctrl
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+
+    @property
+    def timed_out(self) -> bool:
+        """Whether the watchdog fired for the current call."""
+        return self.watchdog is not None and self.watchdog.fired is not None
+
+    # ---------------------------------------------------------------- framing
+    def enter(self, kind: int, error: Optional[BaseException], numbered: bool,
+              call: Optional[Call]) -> None:
+        """Start a collective: number it, arm the watchdog, run the signature
+        check. Raises the input's refusal (``error``) or a mismatch on every rank."""
+        if self.broken is not None or self.finalized:
+            raise RabitError(self.broken or f"rank {self.rank}: the engine was finalized; "
+                                            f"call init() again")
+        if error is not None:
+            error.args = (f"rank {self.rank}: {error.args[0]}",) + error.args[1:]
+        # Calls are numbered from 0 after each checkpoint; a checkpoint (or
+        # finalize) carries the number of calls made before it.
+        self.token = (kind, self.version, self.seqno)
+        if numbered:
+            self.seqno += 1
+        if error is not None and not self.check:
+            raise error
+        if self.watchdog is not None:
+            self.watchdog.enter(self.token)
+        if not self.check:
+            return
+        try:
+            self._agree(kind, call, error)
+        except MPI.Exception as exc:
+            self.leave()
+            raise self.failure(exc) from exc
+        except BaseException:
+            self.leave()
+            raise
+
+    def leave(self) -> None:
+        """End the current collective (disarm the watchdog)."""
+        if self.watchdog is not None:
+            self.watchdog.leave()
+
+    def sync(self, kind: int, error: Optional[BaseException]) -> None:
+        """A call with no data of its own (checkpoint, finalize): only the check."""
+        self.enter(kind, error, False, None)
+        self.leave()
+
+    def guarded(self, kind: int, fn: Callable[[], Any], agreement: bool = False) -> Any:
+        """Run MPI work of the current call under the watchdog, with MPI errors
+        turned into exceptions (:meth:`failure`), and its outcome trusted only
+        if the communicator was not revoked meanwhile (Note [revoked
+        success]); ``agreement``: ``fn`` is an ``Agree``, whose outcome is
+        uniform even on a revoked communicator and must stand."""
+        self.token = (kind, self.version, self.seqno)
+        if self.watchdog is not None:
+            self.watchdog.enter(self.token)
+        try:
+            result = fn()
+            if not agreement:
+                self.check_revoked()
+            return result
+        except MPI.Exception as exc:
+            raise self.failure(exc) from exc
+        except (RabitError, PeerFailure):
+            raise
+        except Exception as exc:
+            # mpi4py unpickles inside its call: a half-filled message from a
+            # revoked collective (Note [revoked success]) raises before
+            # check_revoked can run (seen: UnpicklingError: invalid load
+            # key '\x00').
+            if not agreement and self.ulfm and self._interrupted_by_failure():
+                raise self.failure(MPI.Exception(ERR_REVOKED)) from exc
+            raise
+        finally:
+            self.leave()
+
+    def _agree(self, kind: int, call: Optional[Call], error: Optional[BaseException]) -> None:
+        """See Note [signature check]."""
+        seq = self.token[2]
+        vec = fill_vector(self._sigvec, call_values(self.version, seq, kind, call, error))
+        self.comm.Allreduce(MPI.IN_PLACE, vec, op=MPI.MAX)
+        if not agrees(vec):
+            fields = mismatched_fields(vec)
+            mine = call_signature(self.version, seq, kind, call, error)
+            # Note [mismatch exchange]: on the control communicator. A rank
+            # that raised first may revoke the data communicator (its uncaught
+            # exception ends the job) while slower ranks are still here; under
+            # ULFM their collective then returned "success" with half-filled
+            # buffers (seen: UnpicklingError, 2 runs in 21 on a loaded machine).
+            everyone = self.ctrl.allgather(mine.describe())
+            message = describe_mismatch(self.rank, mine, fields, everyone)
+            if any(d["kind"] == "finalize" for d in everyone):
+                # A rank that finalized is gone: nothing more can be agreed with it.
+                self.broken = message
+            if error is not None:
+                raise error
+            raise CollectiveMismatchError(message)
+        if error is not None:
+            raise error
+
+    # --------------------------------------------------------------- failures
+    def failure(self, exc: "MPI.Exception") -> BaseException:
+        """What an MPI error raised inside a collective means, as the
+        exception to raise: a timeout, a rank that stopped the job, a lost
+        peer (``PeerFailure`` when this engine ``recovers``, else
+        ``RecoveryError``), or a plain MPI error (the engine is then broken)."""
+        error_class = exc.Get_error_class()
+        fired = self.timed_out
+        lost = error_class in (ERR_PROC_FAILED, ERR_REVOKED)
+        if self.recovers and lost and not fired:
+            notice = self.notice(wait=0.05 if error_class == ERR_REVOKED else 0.0)
+            tag, sender = notice if notice is not None else (None, None)
+            if tag == FATAL_NOTICE_TAG:
+                self.broken = (f"rank {self.rank}: rank {sender} stopped the job with an "
+                               f"uncaught exception (see its traceback); a replacement would "
+                               f"repeat the bug, so the job is not recovered")
+                error = RabitError(self.broken)
+                error.secondary = True      # type: ignore[attr-defined] # that rank reports it
+                return error
+            if tag != TIMEOUT_NOTICE_TAG:
+                if error_class == ERR_PROC_FAILED:
+                    try:
+                        self.comm.Revoke()  # wake the ranks blocked in later calls
+                    except MPI.Exception:
+                        pass
+                return PeerFailure(f"rank {self.rank}: a peer process failed "
+                                   f"({exc.Get_error_string()})", error_class)
+        if fired or error_class == ERR_REVOKED:
+            watched = self.watchdog.fired if self.watchdog is not None else None
+            token = (watched if fired else None) or self.token
+            positions = exchange_positions(self.ctrl, self.rank, self.size,
+                                           (token[1], token[2], token[0], int(fired)),
+                                           self._grace())
+            if fired or any(p[3] for p in positions.values()):
+                self.broken = self._timeout_message(token, positions)
+                return CollectiveTimeoutError(self.broken)
+        if lost:
+            failure = PeerFailure(
+                f"rank {self.rank}: a peer process failed during "
+                f"{Kind.NAMES.get(self.token[0], '?')} #{self.token[2]} "
+                f"(version {self.version}): {exc.Get_error_string()}", error_class)
+            return failure if self.recovers else self._no_recovery(failure)
+        self.broken = (f"rank {self.rank}: MPI error in collective #{self.token[2]} "
+                       f"(version {self.version}): {exc.Get_error_string()}")
+        return RabitError(self.broken)
+
+    def _no_recovery(self, failure: PeerFailure) -> BaseException:
+        """A dead peer under an engine that does not recover: the job must end."""
+        self.broken = (f"{failure} -- the 'mpi' engine cannot recover from a failed rank. "
+                       f"Run under rabit-run with engine='robust' (RABIT_ENGINE=robust) for "
+                       f"in-job recovery, or restart the job from a durable checkpoint.")
+        # The job cannot go on, whatever the program does next: tell rabit-run
+        # now. A program that catches the error, or meets it at finalize
+        # (where the excepthook is gone), would otherwise leave the job to
+        # ranks that may never return (seen: survivors hung inside XGBoost
+        # while this rank waited for them in MPI_Finalize, for good).
+        self.reporter.fatal(RESTART, self.broken)
+        return RecoveryError(self.broken)
+
+    def check_revoked(self) -> None:
+        """Note [revoked success]: under ULFM a collective that a peer's revoke
+        interrupts can return success on the ranks still inside it, with part
+        of the data (seen: an allgather of pickles in the recovery protocol
+        gave UnpicklingError: invalid load key '\\x00' while the other ranks
+        raised RecoveryError and revoked). A call's result is trusted only if
+        the communicator was not revoked when it returned; otherwise it
+        counts as interrupted, as if it had raised (0.1 us, local)."""
+        if self.ulfm and self.comm.Is_revoked():
+            raise self.failure(MPI.Exception(ERR_REVOKED))
+
+    def _interrupted_by_failure(self, wait: float = 1.0) -> bool:
+        """After a collective raised outside MPI (mpi4py unpickling half a
+        message): whether a peer failed or the communicator was revoked. The
+        revoke can come a moment after the call returned (seen in a storm:
+        UnpicklingError on one rank at the disk resume, MPI_ERR_REVOKED on
+        the others 11 ms later), so this waits up to ``wait`` s for either;
+        only this error path pays it."""
+        deadline = time.monotonic() + wait
+        while True:
+            if self.comm.Is_revoked():
+                return True
+            try:
+                failed = self.comm.Get_failed()
+                count = failed.Get_size()
+                failed.Free()
+            except MPI.Exception:
+                return True
+            if count > 0:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
+
+    # ----------------------------------------------------- timeouts, notices
+    def _grace(self) -> float:
+        return min(1.0, max(0.1, self.config.timeout / 2))
+
+    def on_timeout(self, token: tuple) -> None:
+        """Watchdog thread: a call overstayed (see Note [timeouts])."""
+        if self.ulfm:
+            self.announce(TIMEOUT_NOTICE_TAG)
+            return
+        positions = exchange_positions(self.ctrl, self.rank, self.size,
+                                       (token[1], token[2], token[0], 1), self._grace())
+        sys.stderr.write(
+            f"rabit_py: CollectiveTimeoutError: {self._timeout_message(token, positions)}\n"
+            f"rabit_py: rank {self.rank}: aborting the job: without MPI fault tolerance a "
+            f"blocked collective cannot be interrupted. Launch with rabit-run (or mpirun "
+            f"--with-ft ulfm) to get a CollectiveTimeoutError exception instead.\n")
+        sys.stderr.flush()
+        self.reporter.fatal(RESTART, self._timeout_message(token, positions))
+        abort_job(self.comm, self.reporter)
+
+    def announce(self, tag: int) -> None:
+        """Tell every peer that this rank ends the job (``tag``: why)."""
+        if self.ulfm and self.size > 1:
+            announce(self.ctrl, self.comm, self.rank, self.size, tag)
+
+    def notice(self, wait: float = 0.05) -> Optional[Tuple[int, int]]:
+        """A peer's notice that it ends the job: (tag, its rank), or None."""
+        return find_notice(self.ctrl, wait)
+
+    def end_job_on_uncaught(self, exc_type: Any, exc: BaseException) -> None:
+        """The excepthook's end of the job (Note [uncaught errors] in _lifecycle.py)."""
+        end_job_on_uncaught(exc_type, exc, self.rank, self.reporter, self.notice,
+                            lambda: self.announce(FATAL_NOTICE_TAG), self.comm)
+
+    def _timeout_message(self, token: tuple, positions: Dict[int, Position]) -> str:
+        return timeout_message(self.rank, self.size, self.config.timeout, token, positions)
