@@ -104,7 +104,7 @@ class Reporter:
         """Every rank of the job (``size`` ranks) reached ``finalize``
         together: ``job.done``, written by each rank that sees the folder, so
         that rabit-run learns it even when most ranks run on hosts that
-        cannot see the folder (Note [several hosts] in ``launcher.py``)."""
+        cannot see the folder (Note [several hosts] in ``launcher/_command.py``)."""
         Reporter(self.folder, "job")._write("done", f"{size}\n")
 
     def exited(self, clean: bool, reason: str = "") -> None:

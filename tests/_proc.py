@@ -17,10 +17,12 @@ def rabit_run(n: int, *program: str, spares: int = 0) -> List[str]:
             *(["--spares", str(spares)] if spares else []), "--", *program]
 
 
-def run(cmd: List[str], timeout: float, env: Optional[dict] = None) -> Tuple[int, str]:
-    """Run ``cmd``; return (exit code, stdout+stderr). A command still running
-    at ``timeout`` has its whole process group killed and fails the test."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+def run(cmd: List[str], timeout: float, env: Optional[dict] = None,
+        cwd: Optional[Path] = None) -> Tuple[int, str]:
+    """Run ``cmd`` (in ``cwd``, default the checkout); return (exit code,
+    stdout+stderr). A command still running at ``timeout`` has its whole
+    process group killed and fails the test."""
+    proc = subprocess.Popen(cmd, cwd=cwd or ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True,
                             env={**os.environ, **(env or {})})
     try:
@@ -38,7 +40,7 @@ def run(cmd: List[str], timeout: float, env: Optional[dict] = None) -> Tuple[int
 def _kill_tree(pid: int) -> None:
     """SIGKILL ``pid``'s process group and every descendant (MPI ranks run in
     process groups of their own)."""
-    from rabit_py._supervisor import descendants as _descendants
+    from rabit_py.launcher._processes import descendants as _descendants
     for child in _descendants(pid):
         try:
             os.kill(child, signal.SIGKILL)

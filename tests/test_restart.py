@@ -147,8 +147,9 @@ def test_dry_run_shows_the_command_without_rabit_run_options():
     code, out = run(launcher("--max-restarts", "3", "--checkpoint-dir", "/tmp/x", "--dry-run"),
                     timeout=30)
     assert code == 0
-    assert "--max-restarts" not in out and "--checkpoint-dir" not in out
-    assert "bsp_train.py" in out
+    command = next(line for line in out.splitlines() if "bsp_train.py" in line)
+    assert "--max-restarts" not in command and "--checkpoint-dir" not in command
+    assert "# restarts: up to 3 after a failure" in out and "RABIT_CHECKPOINT_DIR=/tmp/x" in out
 
 
 def test_a_replacement_gets_the_settings_that_do_not_fit_in_its_environment(reference,

@@ -241,7 +241,7 @@ def _report(state, spawning=(), started=True, ok=False):
     return Report(started=started, beat=beat, ok=ok, spawning=frozenset(spawning))
 
 def test_the_stuck_spawn_rule_names_only_deaths_outside_the_spawn():
-    from rabit_py._supervisor import _Watch
+    from rabit_py.launcher._supervisor import _Watch
     ranks = {"rank-0": _report("spawn", [1]), "rank-1": _report("call"),
              "rank-2": _report("spawn", [1]), "rank-3": _report("repair")}
     alive = {n: ranks[n] for n in ("rank-0", "rank-2")}

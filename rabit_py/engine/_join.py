@@ -4,17 +4,18 @@ spawned (Note [repair] in ``_repair.py``, Note [spares] in ``_spares.py``)."""
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import os
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._mpistart import MPI
 
 from .._status import STATUS_DIR_VARIABLE
 
-__all__ = ["JoinState", "RepairTimes", "spawn_command", "spawn_environment", "spawn_info",
-           "free_comm", "is_replacement"]
+__all__ = ["JoinState", "RepairTimes", "Replacer", "spawn_command", "spawn_environment",
+           "spawn_info", "free_comm", "is_replacement"]
 
 
 @dataclasses.dataclass
@@ -47,8 +48,44 @@ class RepairTimes:
     attempts: int = 0
     # The ranks being spawned for while a spawn is under way (for the
     # heartbeat: a rank dying then wedges the spawn; Note [stuck spawn] in
-    # rabit_py/_supervisor.py), else empty.
+    # rabit_py/launcher/_supervisor.py), else empty.
     spawning: List[int] = dataclasses.field(default_factory=list)
+
+
+class Replacer(abc.ABC):
+    """How one repair gives the dead ranks new processes: spawned ones
+    (``_repair.SpawnReplacer``) or spares (``_spares.SparePool``). The one
+    repair loop (``_repair.repair``) shrinks, finds the dead, and asks its
+    replacer; another failure on the way starts the loop over."""
+
+    @abc.abstractmethod
+    def replace(self, shrunk: "MPI.Intracomm", my_rank: int, size: int, dead: List[int],
+                make_state: Callable[[List[int]], "JoinState"], times: "RepairTimes",
+                check_dead: Optional[Callable[["MPI.Intracomm", List[int]], None]],
+                give_up: Optional[str]) -> Tuple["MPI.Intracomm", List[int]]:
+        """One attempt, on every survivor (collective on ``shrunk``, the
+        survivors' communicator; taken over: freed on success).
+
+        Args:
+            shrunk: the job's communicator shrunk to the survivors.
+            my_rank: this survivor's job rank.
+            size: the job's world size.
+            dead: the job ranks that died.
+            make_state: ``make_state(dead) -> JoinState`` (on one survivor).
+            times: filled with the time of each step.
+            check_dead: ``check_dead(shrunk, dead)`` raises ``RecoveryError``
+                when the dead ranks cannot be recovered (collective).
+            give_up: a reason not to recover (told to whoever waits to
+                replace, then raised), or None.
+
+        Returns:
+            The repaired communicator (size ``size``, this process at
+            ``my_rank``) and the ranks replaced.
+
+        Raises:
+            MPI.Exception: another failure: the repair starts over.
+            RecoveryError: the dead ranks cannot be recovered.
+        """
 
 
 def spawn_command() -> Tuple[str, List[str]]:

@@ -30,10 +30,11 @@ from .._status import BUG, RESTART
 from ..config import Config
 from ..errors import RecoveryError
 from ._frame import CallFrame
-from ._join import JoinState, RepairTimes, free_comm
+from ._join import JoinState, RepairTimes, Replacer, free_comm
 from ._lifecycle import abort_job
-from ._repair import repair
+from ._repair import SpawnReplacer, repair
 from ._replicas import Replicas
+from ._spares import SparePool
 from ._startup import duplicates
 from ._watchdog import deadline
 
@@ -64,7 +65,7 @@ class Recovery:
     """
 
     def __init__(self, frame: CallFrame, config: Config, replicas: Replicas,
-                 state: Optional[JoinState], pool: Any) -> None:
+                 state: Optional[JoinState], pool: Optional[SparePool]) -> None:
         self.frame = frame
         self.config = config
         self.replicas = replicas
@@ -112,6 +113,11 @@ class Recovery:
             pool.release()
             pool.free()
 
+    @property
+    def replacer(self) -> Replacer:
+        """Who gives dead ranks new processes: the spare pool, else spawns."""
+        return self.pool if self.pool is not None else SpawnReplacer()
+
     def repair(self, has_version: bool, has_local: bool) -> Tuple[Any, Any]:
         """Replace the dead ranks (Note [repair]); returns the new data and
         control communicators (the old ones are freed). ``has_version``,
@@ -149,8 +155,8 @@ class Recovery:
             with deadline(config.recovery_timeout, self._abort_repair, "repair"):
                 while True:
                     new, now = repair(broken, frame.rank, frame.size, self._join_state,
-                                      self.repair_times, check_dead=check_dead,
-                                      pool=self.pool, give_up=give_up)
+                                      self.repair_times, self.replacer,
+                                      check_dead=check_dead, give_up=give_up)
                     replaced += now
                     for rank in now:
                         self.trials[rank] = self.trials.get(rank, 0) + 1

@@ -11,6 +11,13 @@ all, so that no replacement is started for a job that is lost anyway. Any MPI
 error on the way (another rank died) starts the repair again from the
 communicator in hand.
 
+Who gives the dead ranks new processes is the repair's ``Replacer``
+(``_join.py``): spawned ones (``SpawnReplacer``, above) or the job's spares
+(``SparePool``, Note [spares] in ``_spares.py``). Either way one loop
+(:func:`repair`) revokes, shrinks, finds the dead and asks the replacer for
+one attempt; a spare, which has no job communicator to shrink, runs the
+pool's side of the same attempts in its own loop.
+
 Replacements: ``MPI.Comm.Get_parent()`` is not null; they merge with the
 survivors, receive the job's state (which ranks they replace and the
 the recovery counters) from survivor 0, and split like the survivors. A
@@ -30,20 +37,19 @@ from typing import Any, Callable, List, Optional, Tuple
 from ._mpistart import MPI
 
 from ..errors import RecoveryError
-from ._join import JoinState, RepairTimes, free_comm, spawn_command, spawn_info
+from ._join import JoinState, RepairTimes, Replacer, free_comm, spawn_command, spawn_info
 from ._spares import join_pool_as_spawned
 
-__all__ = ["repair", "join_as_replacement"]
+__all__ = ["repair", "SpawnReplacer", "join_as_replacement"]
 
 log = logging.getLogger("rabit_py")
 
 
 def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
-           make_state: Any, times: RepairTimes, max_attempts: int = 10,
+           make_state: Any, times: RepairTimes, replacer: Replacer, max_attempts: int = 10,
            check_dead: Optional[Callable[["MPI.Intracomm", List[int]], None]] = None,
-           pool: Any = None, give_up: Optional[str] = None
-           ) -> Tuple["MPI.Intracomm", List[int]]:
-    """Survivor side of Note [repair].
+           give_up: Optional[str] = None) -> Tuple["MPI.Intracomm", List[int]]:
+    """Survivor side of Note [repair]: the one repair loop.
 
     Args:
         comm: the broken communicator (ranks numbered as in the job).
@@ -51,13 +57,13 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
         size: the job's world size.
         make_state: ``make_state(dead) -> JoinState`` on survivor 0.
         times: filled with the time of each step.
+        replacer: who gives the dead ranks new processes (spawned ones, or
+            the job's spare pool: Note [spares]).
         check_dead: ``check_dead(shrunk, dead)``, called by every survivor
-            (collectively on the shrunk communicator) before spawning; raises
-            ``RecoveryError`` when the dead ranks cannot be recovered.
-        pool: the job's :class:`~rabit_py.engine._spares.SparePool` when it
-            has spares: dead ranks are replaced from it (Note [spares]).
-        give_up: with a pool, a reason not to recover (the spares are told it
-            before everyone raises ``RecoveryError``).
+            (collectively on the shrunk communicator) before replacing;
+            raises ``RecoveryError`` when the dead ranks cannot be recovered.
+        give_up: a reason not to recover (whoever waits to replace is told
+            it before everyone raises ``RecoveryError``).
 
     Returns:
         The repaired communicator (size ``size``, this process at ``my_rank``)
@@ -68,7 +74,6 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
             ``check_dead`` found the dead ranks unrecoverable.
     """
     current = comm
-    replaced: List[int] = []
     last_error: Optional[BaseException] = None
     for attempt in range(1, max_attempts + 1):
         times.attempts = attempt
@@ -85,55 +90,15 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
             alive = shrunk.allgather(my_rank)
             dead = sorted(set(range(size)) - set(alive))
             times.shrink += time.perf_counter() - t0
-            log.debug("rank %d: dead ranks %s; spawning", my_rank, dead)
             if not dead:
                 # Revoked without a death (e.g. a timeout elsewhere): same members.
                 new = shrunk.Split(0, key=my_rank)
                 new.Set_errhandler(MPI.ERRORS_RETURN)
                 shrunk.Free()
-                return new, replaced
-            if pool is not None:
-                lost = give_up
-                lost_error: Optional[RecoveryError] = None
-                if lost is None and check_dead is not None:
-                    try:
-                        check_dead(shrunk, dead)
-                    except RecoveryError as exc:
-                        lost, lost_error = str(exc), exc   # the spares must hear it too
-                try:
-                    new, replaced_now, _ = pool.repair(my_rank, size, make_state, lost, times)
-                except RecoveryError:
-                    if lost_error is not None:
-                        raise lost_error from None    # with its restartable flag
-                    raise
-                free_comm(shrunk)
-                return new, replaced + replaced_now
-            if check_dead is not None:
-                check_dead(shrunk, dead)
-            t0 = time.perf_counter()
-            program, args = spawn_command()
-            times.spawning = list(dead)
-            inter = shrunk.Spawn(program, args=args, maxprocs=len(dead), root=0,
-                                 info=spawn_info())
-            times.spawn += time.perf_counter() - t0
-            log.debug("rank %d: spawned; merging", my_rank)
-            t0 = time.perf_counter()
-            merged = inter.Merge(high=False)
-            merged.Set_errhandler(MPI.ERRORS_RETURN)
-            state = make_state(dead) if merged.Get_rank() == 0 else None
-            merged.bcast(state, root=0)
-            new = merged.Split(0, key=my_rank)
-            new.Set_errhandler(MPI.ERRORS_RETURN)
-            times.merge += time.perf_counter() - t0
-            times.spawning = []
-            if new.Get_size() != size or new.Get_rank() != my_rank:
-                raise RecoveryError(f"rank {my_rank}: the repaired communicator has size "
-                                    f"{new.Get_size()} and puts this process at rank "
-                                    f"{new.Get_rank()}")
-            for c in (inter, merged, shrunk):
-                free_comm(c)
-            replaced += dead
-            return new, replaced
+                return new, []
+            log.debug("rank %d: dead ranks %s; replacing", my_rank, dead)
+            return replacer.replace(shrunk, my_rank, size, dead, make_state, times,
+                                    check_dead, give_up)
         except MPI.Exception as exc:
             # Another failure during the repair: start over from what we have.
             times.spawning = []
@@ -144,6 +109,42 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
                 current = shrunk
     raise RecoveryError(f"rank {my_rank}: could not repair the communicator after "
                         f"{max_attempts} attempts: {last_error}")
+
+
+class SpawnReplacer(Replacer):
+    """Dead ranks replaced by processes spawned for them (Note [repair])."""
+
+    def replace(self, shrunk: "MPI.Intracomm", my_rank: int, size: int, dead: List[int],
+                make_state: Callable[[List[int]], JoinState], times: RepairTimes,
+                check_dead: Optional[Callable[["MPI.Intracomm", List[int]], None]],
+                give_up: Optional[str]) -> Tuple["MPI.Intracomm", List[int]]:
+        if give_up is not None:
+            raise RecoveryError(give_up)
+        if check_dead is not None:
+            check_dead(shrunk, dead)
+        t0 = time.perf_counter()
+        program, args = spawn_command()
+        times.spawning = list(dead)
+        inter = shrunk.Spawn(program, args=args, maxprocs=len(dead), root=0,
+                             info=spawn_info())
+        times.spawn += time.perf_counter() - t0
+        log.debug("rank %d: spawned; merging", my_rank)
+        t0 = time.perf_counter()
+        merged = inter.Merge(high=False)
+        merged.Set_errhandler(MPI.ERRORS_RETURN)
+        state = make_state(dead) if merged.Get_rank() == 0 else None
+        merged.bcast(state, root=0)
+        new = merged.Split(0, key=my_rank)
+        new.Set_errhandler(MPI.ERRORS_RETURN)
+        times.merge += time.perf_counter() - t0
+        times.spawning = []
+        if new.Get_size() != size or new.Get_rank() != my_rank:
+            raise RecoveryError(f"rank {my_rank}: the repaired communicator has size "
+                                f"{new.Get_size()} and puts this process at rank "
+                                f"{new.Get_rank()}")
+        for c in (inter, merged, shrunk):
+            free_comm(c)
+        return new, list(dead)
 
 
 def join_as_replacement(timeout: float = 0.0

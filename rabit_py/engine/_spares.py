@@ -57,8 +57,8 @@ from ._mpistart import MPI
 from .._status import RESTART, Reporter
 from ..config import Config
 from ..errors import RecoveryError
-from ._join import (JoinState, RepairTimes, free_comm, is_replacement, spawn_command,
-                    spawn_info)
+from ._join import (JoinState, RepairTimes, Replacer, free_comm, is_replacement,
+                    spawn_command, spawn_info)
 from ._lifecycle import abort_job
 from ._tags import RELEASE_TAG
 from ._watchdog import deadline
@@ -79,7 +79,7 @@ class _Rebuilt:
     state: Optional[JoinState] = None
 
 
-class SparePool:
+class SparePool(Replacer):
     """The pool communicator of workers and spares (Note [spares]).
 
     Args:
@@ -167,28 +167,28 @@ class SparePool:
                     pass
 
     # ------------------------------------------------------------ worker side
-    def repair(self, my_rank: int, size: int, make_state: Callable[[List[int]], JoinState],
-               lost: Optional[str], times: RepairTimes
-               ) -> Tuple["MPI.Intracomm", List[int], JoinState]:
-        """On a survivor, after the job communicator was shrunk and ranks were
-        found dead: rebuild with the spares (Note [spares]).
-
-        Args:
-            my_rank: this worker's job rank.
-            size: the job's world size.
-            make_state: ``make_state(dead) -> JoinState`` (run on the leader).
-            lost: why the job cannot be recovered (the spares are told, and
-                everyone raises), or None.
-
-        Returns:
-            The repaired job communicator, the ranks replaced, and the state.
-
-        Raises:
-            RecoveryError: ``lost``, or the rebuild failed repeatedly.
-        """
-        rebuilt = self._rebuild_until_done(my_rank, size, make_state, lost, times)
-        assert rebuilt.work is not None
-        return rebuilt.work, rebuilt.state.dead, rebuilt.state
+    def replace(self, shrunk: "MPI.Intracomm", my_rank: int, size: int, dead: List[int],
+                make_state: Callable[[List[int]], JoinState], times: RepairTimes,
+                check_dead: Optional[Callable[["MPI.Intracomm", List[int]], None]],
+                give_up: Optional[str]) -> Tuple["MPI.Intracomm", List[int]]:
+        """One attempt of the survivors' repair (``_repair.repair``): rebuild
+        with the spares (Note [spares]); ``give_up`` or what ``check_dead``
+        raises is told to the spares first, then raised."""
+        lost, lost_error = give_up, None
+        if lost is None and check_dead is not None:
+            try:
+                check_dead(shrunk, dead)
+            except RecoveryError as exc:
+                lost, lost_error = str(exc), exc      # the spares must hear it too
+        try:
+            rebuilt = self._attempt(my_rank, size, make_state, lost, times)
+        except RecoveryError:
+            if lost_error is not None:
+                raise lost_error from None      # with its restartable flag
+            raise
+        assert rebuilt.work is not None and rebuilt.state is not None
+        free_comm(shrunk)
+        return rebuilt.work, rebuilt.state.dead
 
     def release(self) -> None:
         """At a clean finalize: tell every spare that the job is over."""
@@ -207,26 +207,38 @@ class SparePool:
     def _rebuild_until_done(self, job_rank: int, size: int, make_state: Any,
                             lost: Optional[str], times: RepairTimes,
                             max_attempts: int = 10) -> _Rebuilt:
+        """A spare's rebuild loop (the workers' is ``_repair.repair``, which
+        runs one :meth:`_attempt` per try: a spare has no job communicator
+        to shrink)."""
         last: Optional[BaseException] = None
         for _ in range(max_attempts):
             try:
-                rebuilt = self._rebuild(job_rank, size, make_state, lost, times)
+                return self._attempt(job_rank, size, make_state, lost, times)
             except MPI.Exception as exc:
-                times.spawning = []
                 last = exc
-                log.info("pool rank %d: rebuilding after a failure failed (%s); retrying",
-                         self.pool.Get_rank(), exc.Get_error_string())
-                try:
-                    self.pool.Revoke()  # everyone leaves the attempt, then starts over
-                except MPI.Exception:
-                    pass
-                continue
-            old, self.pool, self.roles = self.pool, rebuilt.pool, rebuilt.roles
-            if old is not self.pool:
-                free_comm(old)
-            return rebuilt
         raise RecoveryError(f"could not rebuild the job with its spares after {max_attempts} "
                             f"attempts: {last}")
+
+    def _attempt(self, job_rank: int, size: int, make_state: Any, lost: Optional[str],
+                 times: RepairTimes) -> _Rebuilt:
+        """One rebuild (Note [spares]); the pool is the rebuilt one after it.
+        On another failure the pool is revoked, so that every member leaves
+        the attempt and starts over, and ``MPI.Exception`` raised."""
+        try:
+            rebuilt = self._rebuild(job_rank, size, make_state, lost, times)
+        except MPI.Exception as exc:
+            times.spawning = []
+            log.info("pool rank %d: rebuilding after a failure failed (%s); retrying",
+                     self.pool.Get_rank(), exc.Get_error_string())
+            try:
+                self.pool.Revoke()
+            except MPI.Exception:
+                pass
+            raise
+        old, self.pool, self.roles = self.pool, rebuilt.pool, rebuilt.roles
+        if old is not self.pool:
+            free_comm(old)
+        return rebuilt
 
     def _rebuild(self, job_rank: int, size: int, make_state: Any, lost: Optional[str],
                  times: RepairTimes) -> _Rebuilt:

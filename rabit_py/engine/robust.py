@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import atexit
 import logging
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
@@ -139,6 +139,11 @@ class RobustEngine(MpiEngine):
     @property
     def replays_results(self) -> bool:
         return True
+
+    def recovery_status(self) -> Tuple[bool, List[int], int, int]:
+        # The heartbeat may beat before the recovery state exists.
+        recovery = getattr(self, "recovery", None)
+        return recovery.status() if recovery is not None else (False, [], 0, 0)
 
     @property
     def trial(self) -> int:

@@ -25,7 +25,7 @@ import rabit_py as rabit  # noqa: E402
 rabit.init()
 engine = rabit.api._engine
 # The stand-in NCCL communicators are made over the job's current ranks.
-_fakecupy.BASE_COMM = lambda: engine._comm
+_fakecupy.BASE_COMM = lambda: engine.frame.comm
 rank, size = rabit.get_rank(), rabit.get_world_size()
 version, model = rabit.load_checkpoint()
 if version == 0:

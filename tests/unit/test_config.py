@@ -79,7 +79,7 @@ def test_result_copies_must_survive_a_single_failure():
 
 def test_the_status_folder_variable_is_the_one_rabit_run_sets():
     from rabit_py._status import STATUS_DIR_VARIABLE
-    from rabit_py._supervisor import STATUS_DIR_VARIABLE as launcher_side
+    from rabit_py.launcher._supervisor import STATUS_DIR_VARIABLE as launcher_side
 
     assert launcher_side is STATUS_DIR_VARIABLE
     assert Config.from_env({STATUS_DIR_VARIABLE: "/tmp/x"}).run_status_dir == "/tmp/x"

@@ -85,9 +85,33 @@ def test_missing_mpirun_is_explained(capsys):
 
 def test_dry_run_prints_the_command(capsys):
     assert launcher.main(["-n", "2", "--dry-run", "--", "python", "my script.py"]) == 0
-    printed = shlex.split(capsys.readouterr().out)
-    assert printed[1:4] == ["-n", "2", "--oversubscribe"]
+    printed = shlex.split(capsys.readouterr().out.splitlines()[0])
+    at = printed.index("-n")
+    assert printed[at:at + 3] == ["-n", "2", "--oversubscribe"]
     assert printed[-2:] == ["python", "my script.py"]
+
+
+def test_dry_run_shows_the_environment_and_the_restart_policy(capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("RABIT_CHECKPOINT_DIR", raising=False)
+    assert launcher.main(["-n", "2", "--max-restarts", "3", "--restart-delay", "2",
+                          "--checkpoint-dir", str(tmp_path / "ck"), "--spares", "1",
+                          "--stall-timeout", "120", "--dry-run", "python", "t.py"]) == 0
+    first, *plan = capsys.readouterr().out.splitlines()
+    words = shlex.split(first)
+    # The command is the one each attempt runs: the job's settings are
+    # forwarded to every rank, spares included in the process count.
+    assert ["-x", "RABIT_CHECKPOINT_DIR"] == words[1:3]
+    assert words[words.index("-n") + 1] == "3" and words[-2:] == ["python", "t.py"]
+    assert all(line.startswith("# ") for line in plan), plan
+    text = "\n".join(plan)
+    assert f"RABIT_CHECKPOINT_DIR={tmp_path / 'ck'}" in text
+    assert "RABIT_RESTART_COUNT=0" in text and "RABIT_RUN_STATUS_DIR=" in text
+    assert "RABIT_SPARES=1" in text
+    assert "up to 3 after a failure" in text and "the first after 2 s" in text
+    assert "at most 30 s" in text and "progress for 120 s" in text
+    assert not (tmp_path / "ck").exists()          # a dry run makes nothing
+    assert launcher.main(["-n", "2", "--dry-run", "python", "t.py"]) == 0
+    assert "restarts: none (--max-restarts 0)" in capsys.readouterr().out
 
 
 def test_runs_a_job_and_passes_its_exit_code():
@@ -227,8 +251,10 @@ def test_an_abort_that_blocks_still_ends_the_rank(tmp_path):
 def test_hostfile_is_passed_to_mpirun_and_slurm_gives_the_rank_count(monkeypatch, capsys):
     assert launcher.main(["-n", "2", "--hostfile", "hosts.txt", "--dry-run", "python",
                           "t.py"]) == 0
-    line = capsys.readouterr().out.split()
+    out = capsys.readouterr().out
+    line = out.splitlines()[0].split()
     assert line[line.index("--hostfile") + 1] == "hosts.txt" and line[-2:] == ["python", "t.py"]
+    assert "# hosts: after a failed attempt each host of the list is probed" in out
     monkeypatch.setenv("SLURM_NTASKS", "3")
     assert launcher.main(["--dry-run", "python", "t.py"]) == 0
     assert " -n 3 " in capsys.readouterr().out
@@ -245,8 +271,8 @@ def test_srun_launcher(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     assert launcher.main(["-n", "4", "--launcher", "srun", "--dry-run", "--", "python",
                           "t.py"]) == 0
-    assert capsys.readouterr().out.split() == [str(fake), "-n", "4", "--mpi=pmix", "python",
-                                               "t.py"]
+    assert capsys.readouterr().out.splitlines()[0].split() == [
+        str(fake), "-n", "4", "--mpi=pmix", "python", "t.py"]
     monkeypatch.setenv("PATH", "/nonexistent")
     assert launcher.main(["-n", "4", "--launcher", "srun", "--", "python", "t.py"]) == 127
     assert "no srun on PATH" in capsys.readouterr().err
@@ -306,7 +332,7 @@ def test_several_hosts_follow_the_slots_and_get_every_setting(tmp_path):
 
 
 def test_settings_are_forwarded_to_every_host():
-    from rabit_py._supervisor import forwarded
+    from rabit_py.launcher._processes import forwarded
 
     cmd = forwarded(["mpirun", "-n", "2", "prog"],
                     {"RABIT_TIMEOUT": "5", "PYTHONPATH": "/x", "HOME": "/root",

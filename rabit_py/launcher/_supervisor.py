@@ -16,7 +16,9 @@ ranks run in process groups of their own -- when:
     code: a wedge (seen: survivors looping in ``NBC_Progress: an error 75``,
     a replacement blocked for good in ``PMIx_Get``). The default timeout is
     ``STALL_FACTOR`` times the longest gap between two progress reports seen
-    so far, within [``STALL_FLOOR_S``, ``STALL_CEILING_S``];
+    so far, within [``STALL_FLOOR_S``, ``STALL_CEILING_S``]. A rank whose
+    process is stopped (SIGSTOP) computes nothing, whatever its last
+    heartbeat says: it does not hold the others' wait for program code;
 (c) the ranks have all ended but mpirun has not (after recoveries Open MPI
     sometimes stays: processes stuck joining, or a teardown hang);
 (d) a rank died while the others were spawning processes for other ranks,
@@ -55,10 +57,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
-from ._status import STATUS_DIR_VARIABLE, BUG, Report, job_done, process_alive, read_reports
+from ._processes import descendants, forwarded, is_stopped, kill_tree, start_time
+from .._status import STATUS_DIR_VARIABLE, BUG, Report, job_done, process_alive, read_reports
 
 __all__ = ["Attempt", "Outcome", "descendants", "kill_tree", "forwarded", "STATUS_DIR_VARIABLE"]
 
@@ -87,81 +89,6 @@ class Outcome:
     recoveries: int = 0              # in-job recoveries the ranks reported
     replaced: int = 0                # processes that replaced a dead rank in the job
     progressed: bool = False         # whether the ranks got further than they started
-
-
-def descendants(pid: int) -> List[int]:
-    """Every live (not zombie) descendant of ``pid`` (Linux /proc; empty elsewhere)."""
-    children: Dict[int, List[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = entry.read_text().rsplit(")", 1)[1].split()
-            if fields[0] == "Z":
-                # An ended rank that mpirun has not reaped (seen when it hangs
-                # after an abort): not alive.
-                continue
-            children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def start_time(pid: int) -> Optional[str]:
-    """When process ``pid`` started (clock ticks since boot, from /proc), to
-    tell it from a later process given the same PID; None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return None if fields[0] in (b"Z", b"X") else fields[19].decode()
-    except (OSError, IndexError):
-        return None
-
-
-def kill_tree(pid: int) -> List[int]:
-    """SIGKILL every descendant of ``pid`` (ranks run in process groups of
-    their own), then ``pid``'s process group. ``pid`` is stopped first, so
-    that it cannot start a process (a replacement) between the listing and
-    the kills, which would outlive it. Returns the PIDs killed."""
-    try:
-        os.kill(pid, signal.SIGSTOP)
-    except (ProcessLookupError, PermissionError):
-        pass
-    killed: List[int] = []
-    for _ in range(3):          # a child may have been forking as we listed
-        found = [p for p in descendants(pid) if p not in killed]
-        if not found:
-            break
-        for child in found:
-            try:
-                os.kill(child, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        killed += found
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        os.kill(pid, signal.SIGCONT)    # a stopped process dies of SIGKILL, but be sure
-    except (ProcessLookupError, PermissionError):
-        pass
-    return killed
-
-
-def forwarded(cmd: List[str], env: Dict[str, str]) -> List[str]:
-    """``cmd`` (an mpirun command) with ``-x NAME`` for every ``RABIT_*``
-    variable of ``env`` and ``PYTHONPATH``: mpirun gives the ranks on other
-    hosts a clean environment (as sshd does), so the job's settings must be
-    named to reach them (Note [several hosts])."""
-    names = sorted(n for n in env if n.startswith("RABIT_") and "\n" not in env[n])
-    if env.get("PYTHONPATH"):
-        names.append("PYTHONPATH")
-    flags = [word for name in names for word in ("-x", name)]
-    return cmd[:1] + flags + cmd[1:]
 
 
 class Attempt:
@@ -298,7 +225,7 @@ class Attempt:
         clean = sum(1 for r in ranks.values() if r.ok and r.failed is None)
         fatal = {n: r.fatal for n, r in reports.items() if r.fatal}
         failed = any(r.failed is not None for r in ranks.values())
-        # Note [several hosts] in launcher.py: ranks on hosts that cannot see
+        # Note [several hosts] in _command.py: ranks on hosts that cannot see
         # the status folder report nothing; the ranks that can see it say
         # whether every rank finalized (job.done).
         everyone = clean >= self.ranks or (job_done(self.status_dir) and not failed)
@@ -498,7 +425,7 @@ class _Watch:
             return None
         if self.progress_at is None or not alive:
             return None
-        if any(r.state in ("user", "done") for r in alive.values()):
+        if any(r.state in ("user", "done") and not self._frozen(r) for r in alive.values()):
             self.progress_at = now          # the program computes: not our wedge
             return None
         stalled = now - self.progress_at
@@ -506,6 +433,14 @@ class _Watch:
             return (f"no rank made progress for {stalled:.0f} s while all waited inside "
                     f"rabit_py (a wedge; --stall-timeout {self.stall_timeout():g} s)")
         return None
+
+    def _frozen(self, report: Report) -> bool:
+        """Whether the rank's process (on this host) is stopped: its last
+        heartbeat may say ``user`` (seen under load: a rank stopped at the
+        start of a call before its heartbeat thread ran again), but it
+        computes nothing, so the others waiting for it are a wedge."""
+        beat = report.beat
+        return beat is not None and beat[6] == self.attempt._host and is_stopped(beat[5])
 
     @staticmethod
     def _stuck_spawn(ranks: Dict[str, Report], alive: Dict[str, Report]) -> Optional[str]:
