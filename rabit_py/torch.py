@@ -1,5 +1,5 @@
 """PyTorch adapter: a module's gradients reduced by the GradientBucketer while
-``backward()`` runs (optional: needs ``torch``, which rabit_py never requires).
+``backward()`` runs (optional: needs ``torch``, which rabit_py never requires)::
 
     import rabit_py.torch as rt
 

@@ -91,7 +91,9 @@ def agree(problem: Optional[str]) -> None:
 
 def global_offset(n_local: int) -> tuple:
     """(index of this rank's first row in the global row order, global rows):
-    shards are taken to be consecutive row ranges in rank order."""
+    shards are taken to be consecutive row ranges in rank order (the results
+    that depend on the order, such as k-means' seeds and the MLP's batches,
+    match a one-process run only then)."""
     sizes = rabit.allgather(np.array([n_local], dtype=np.int64))
     rank = rabit.get_rank()
     return int(sizes[:rank].sum()), int(sizes.sum())

@@ -4,7 +4,10 @@ iterations that reduce per-cluster sums and counts with one ``allreduce``.
 The centers are the global checkpoint after each iteration, so a replaced
 worker resumes at the last iteration. The k-means++ draws are made on the
 global row order with integer (exact) prefix sums, so the seeding picks the
-same rows for any number of ranks.
+same rows for any number of ranks, provided that the shards are consecutive
+row ranges in rank order (rank 0 holds the first rows; what ``load_shard``
+gives): the global row order is the ranks' rows one after the other, so a
+round-robin split is another order and gives other seeds.
 """
 
 from __future__ import annotations

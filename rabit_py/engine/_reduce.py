@@ -49,6 +49,10 @@ class HostReduce:
         # Note [fixed groups] in _shm.py: the groups of the job's start.
         self.groups: Optional[List[int]] = None
         self._shm: Optional[NodeReducer] = None
+        # The smallest array that may take shared memory (custom reducers go
+        # there from less): one comparison on the hot path decides the rest.
+        self._shm_from = (max(1, min(config.shm_min_bytes, _SHM_CUSTOM_MIN_BYTES))
+                          if config.shm and SHM_SUPPORTED else float("inf"))
 
     def use(self, comm: Any) -> None:
         """Reduce on ``comm`` from now on (a new or repaired communicator);
@@ -67,7 +71,7 @@ class HostReduce:
             if out is not None:
                 np.copyto(out, data)
             return
-        shm = self._wants_shm(data, op)
+        shm = data.nbytes >= self._shm_from and self._wants_shm(data, op)
         if not shm and not isinstance(op, CustomOp):
             table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
             self._comm.Allreduce(MPI.IN_PLACE if out is None else data,

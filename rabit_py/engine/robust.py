@@ -91,6 +91,11 @@ def _code(key: Key) -> int:
     return 1 + ((key[0] + 1) << 32) + key[1]
 
 
+def _shown(signature: tuple) -> tuple:
+    """A call's signature for a message (dtypes by name)."""
+    return tuple(str(x) if isinstance(x, np.dtype) else x for x in signature[1:])
+
+
 def _key(code: int) -> Key:
     return ((code - 1) >> 32) - 1, (code - 1) & 0xFFFFFFFF
 
@@ -120,6 +125,7 @@ class RobustEngine(MpiEngine):
         self._cache = ResultCache(config.cache_budget or default_budget())
         self._warned_budget = False
         self._last_cached: Optional[Key] = None
+        self._result_copies = config.result_copies
         self._epoch = BOOT
         self._recovering = replacement
         self._has_version = not replacement
@@ -172,30 +178,48 @@ class RobustEngine(MpiEngine):
     def allreduce(self, data: np.ndarray, op: OpLike,
                   prepare_fun: Optional[PrepareFn] = None) -> np.ndarray:
         error = check_allreduce(data, op)
-        key = self._next_key()
-        signature = (() if error else
-                     (Kind.ALLREDUCE, op_code(op), data.dtype.str, tuple(data.shape)))
+        key = (self._epoch, self.frame.seqno)
+        self._before_call(key[1])
+        if error is None:
+            # The dtype itself: its .str costs 0.3 us of the hot path.
+            signature = (Kind.ALLREDUCE, op_code(op), data.dtype, data.shape)
+            if not self._recovering:
+                # The common case, without the closures of _call (the hot
+                # path): as _call's first step; a lost peer goes on there.
+                try:
+                    return self._execute_allreduce(key, signature, data, op, prepare_fun)
+                except PeerFailure:
+                    self._recover()
+        else:
+            signature = ()
 
         def execute() -> np.ndarray:
-            # Reduced out of place into the buffer the cache keeps: an MPI
-            # call that fails half-way leaves ``data`` as it was, so the call
-            # can run again after a recovery, and the result is copied once
-            # (Note [result cache]).
-            self.frame.seqno = key[1]
-            out = self._cache.buffer_like(data) if error is None else None
-            MpiEngine.framed_allreduce(self, data, op, prepare_fun, error, out)
-            self.frame.check_revoked()
-            assert out is not None
-            np.copyto(data, out)
-            self._cache.put_owned(key, Kind.ALLREDUCE, signature, out)
-            self._thin(key)
-            return data
+            if error is not None:
+                self.frame.seqno = key[1]
+                MpiEngine.framed_allreduce(self, data, op, prepare_fun, error)
+            return self._execute_allreduce(key, signature, data, op, prepare_fun)
 
         def serve(entry: Entry) -> np.ndarray:
             np.copyto(data, entry.payload)
             return data
 
         return self._call(Kind.ALLREDUCE, key, signature, execute, serve, error)
+
+    def _execute_allreduce(self, key: Key, signature: tuple, data: np.ndarray, op: OpLike,
+                           prepare_fun: Optional[PrepareFn]) -> np.ndarray:
+        """Run the allreduce of ``key`` and keep its result. Reduced out of
+        place into the buffer the cache keeps: an MPI call that fails half-way
+        leaves ``data`` as it was, so the call can run again after a recovery,
+        and the result is copied once (Note [result cache])."""
+        self.frame.seqno = key[1]
+        cache = self._cache
+        out = cache.buffer_like(data)
+        self.framed_allreduce(data, op, prepare_fun, None, out)
+        self.frame.check_revoked()
+        np.copyto(data, out)
+        cache.put_owned(key, Kind.ALLREDUCE, signature, out)
+        self._thin(key)
+        return data
 
     def _numbered_allreduce(self, data: Any, op: OpLike, error: Optional[BaseException],
                             run: Callable[[], None], result: Callable[[], np.ndarray],
@@ -206,7 +230,7 @@ class RobustEngine(MpiEngine):
         served by ``load(payload)`` instead. Returns ``data``."""
         key = self._next_key()
         signature = (() if error else
-                     (Kind.ALLREDUCE, op_code(op), data.dtype.str, tuple(data.shape)))
+                     (Kind.ALLREDUCE, op_code(op), np.dtype(data.dtype), tuple(data.shape)))
 
         def execute() -> Any:
             self.frame.seqno = key[1]
@@ -297,7 +321,7 @@ class RobustEngine(MpiEngine):
     def _thin(self, key: Key) -> None:
         """Keep the result of ``key``; drop the previous call's unless this
         rank is one of its holders (``result_copies``; Note [result cache])."""
-        if self._cache.full and not self._warned_budget:
+        if self._cache.refused and not self._warned_budget:
             self._warned_budget = True
             log.warning(
                 "rank %d: the results kept for replay since the last checkpoint passed the "
@@ -307,10 +331,12 @@ class RobustEngine(MpiEngine):
                 "--checkpoint-dir, --max-restarts) instead of an in-job recovery. Checkpoint "
                 "more often (rabit.checkpoint), or raise RABIT_CACHE_BUDGET.",
                 self.frame.rank, self._cache.budget, key[1], self.frame.version)
+        copies = self._result_copies
+        if copies == 0:
+            return                      # every rank keeps every result (the default)
         previous, self._last_cached = self._last_cached, key
-        copies = self.config.result_copies
-        if (previous is None or previous == key or previous[0] == BOOT or copies == 0
-                or copies >= self.frame.size):
+        if previous is None or previous == key or previous[0] == BOOT or \
+                copies >= self.frame.size:
             return
         if (previous[1] - self.frame.rank) % self.frame.size >= copies:
             self._cache.drop(previous)
@@ -443,9 +469,10 @@ class RobustEngine(MpiEngine):
                     if entry.signature != signature:
                         raise CollectiveMismatchError(
                             f"rank {self.frame.rank}: after recovery, call #{key[1]} of version "
-                            f"{self.frame.version} is {Kind.NAMES.get(kind)} {signature[1:]} but "
-                            f"the other ranks ran {Kind.NAMES.get(entry.kind)} "
-                            f"{entry.signature[1:]}: the program must make the same calls on "
+                            f"{self.frame.version} is {Kind.NAMES.get(kind)} "
+                            f"{_shown(signature)} but the other ranks ran "
+                            f"{Kind.NAMES.get(entry.kind)} {_shown(entry.signature)}: the "
+                            f"program must make the same calls on "
                             f"every run")
                     self._cache.put_entry(key, entry)
                     return serve(entry) if serve is not None else None
