@@ -41,14 +41,13 @@ scope: rabit_py is BSP by design.
 from __future__ import annotations
 
 import collections
-import os
-import pickle
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import api
 from ._commthread import comm_thread
+from ._kvstate import model_of, read_states, restore_model, write_states
 from .bucket import GradientBucketer
 from .errors import CheckpointError, KVStoreError, NotInitializedError
 from .gpu._arrays import is_device_array, to_host
@@ -58,8 +57,6 @@ from .optimizer import Optimizer, Updater
 __all__ = ["KVStore", "create"]
 
 Key = Union[int, str]
-_STATES_FORMAT = "rabit_py-optimizer-states/1"
-_MODEL_FORMAT = "rabit_py-kvstore/1"
 _SYNC_TYPES = ("dist_sync", "dist_sync_device", "dist_device_sync")
 _MAX_CACHED_PLANS = 64
 
@@ -328,13 +325,7 @@ class KVStore:
         self.wait_all()
         states = self._updater_states("save_optimizer_states")
         if self.rank == 0:
-            tmp = f"{fname}.tmp{os.getpid()}"
-            with open(tmp, "wb") as f:
-                pickle.dump({"format": _STATES_FORMAT, "states": states}, f,
-                            protocol=pickle.HIGHEST_PROTOCOL)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, fname)
+            write_states(fname, states)
 
     def load_optimizer_states(self, fname: str) -> None:
         """Load states written by :meth:`save_optimizer_states` (rank 0 reads
@@ -348,17 +339,7 @@ class KVStore:
         """
         self.wait_all()
         self._updater_states("load_optimizer_states")
-        payload: Any = None
-        if self.rank == 0:
-            try:
-                with open(fname, "rb") as f:
-                    saved = pickle.load(f)
-                if not isinstance(saved, dict) or saved.get("format") != _STATES_FORMAT:
-                    raise ValueError("not a rabit_py optimizer states file")
-                payload = ("ok", saved["states"])
-            except (OSError, ValueError, EOFError, pickle.UnpicklingError, KeyError) as exc:
-                payload = ("error", f"{type(exc).__name__}: {exc}")
-        status, body = api.broadcast(payload, root=0)
+        status, body = api.broadcast(read_states(fname) if self.rank == 0 else None, root=0)
         if status != "ok":
             raise CheckpointError(f"cannot load optimizer states from {fname!r} (read on rank "
                                   f"0): {body}")
@@ -377,8 +358,7 @@ class KVStore:
         states = None
         if self._updater is not None and hasattr(self._updater, "get_states"):
             states = self._updater.get_states()
-        model = {"format": _MODEL_FORMAT, "weights": dict(self._store), "updater": states}
-        api.checkpoint(model, local_model)
+        api.checkpoint(model_of(self._store, states), local_model)
 
     def load_checkpoint(self, with_local: bool = False) -> Any:
         """``rabit_py.load_checkpoint``: restore the store's weights and
@@ -399,16 +379,7 @@ class KVStore:
         result = api.load_checkpoint(with_local)
         version, model = result[0], result[1]
         if model is not None:
-            if not isinstance(model, dict) or model.get("format") != _MODEL_FORMAT:
-                raise KVStoreError(f"rank {self.rank}: checkpoint version {version} was not "
-                                   f"written by KVStore.checkpoint")
-            if model["updater"] is not None:
-                if self._updater is None or not hasattr(self._updater, "set_states"):
-                    raise KVStoreError(f"rank {self.rank}: checkpoint version {version} holds "
-                                       f"optimizer states: call set_optimizer before "
-                                       f"load_checkpoint")
-                self._updater.set_states(model["updater"])
-            self._store = {k: np.array(v, copy=True) for k, v in model["weights"].items()}
+            self._store = restore_model(model, version, self.rank, self._updater)
         return (version, result[2]) if with_local else version
 
     def barrier(self) -> None:

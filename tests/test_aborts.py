@@ -117,3 +117,52 @@ def test_a_nccl_collective_that_a_peer_never_joins_times_out(collective):
                or (r["rank"] == 0 and collective == "broadcast"
                    and "a peer process failed" in r["message"]) for r in refused)
 
+
+
+ONE_BUG = """
+import numpy as np, rabit_py as rabit
+rabit.init()
+version, model = rabit.load_checkpoint()
+for it in range(version, 5):
+    rabit.allreduce(np.ones(4), rabit.Op.SUM)
+    if it == 2 and rabit.get_rank() == 1:
+        raise ValueError("bad batch on rank 1 at round 2")
+    rabit.checkpoint(it)
+rabit.finalize()
+"""
+
+
+def _lines(out: str) -> list:
+    return [line for line in out.replace("\0", "").splitlines() if line.strip()]
+
+
+def test_one_failing_rank_prints_its_traceback_once_and_one_line_per_other_rank():
+    # Issue 19: it printed 113 lines under rabit-run (every rank's chained
+    # traceback). Now: the failing rank's traceback once, one line from each
+    # other rank naming the rank that stopped the job, Open MPI's abort
+    # banner (which no MCA setting silences) and rabit-run's verdict.
+    code, out = run(rabit_run(4, sys.executable, "-c", ONE_BUG), timeout=120)
+    assert code != 0
+    lines = _lines(out)
+    assert out.count("Traceback (most recent call last)") == 1, out
+    assert lines.count("ValueError: bad batch on rank 1 at round 2") == 1, out
+    others = [line for line in lines if "rank 1 stopped the job" in line and "this is rank" in line]
+    assert len(others) <= 3 and all(line.startswith("rabit_py: ") for line in others), out
+    assert "a bug: rank 1: uncaught ValueError: bad batch on rank 1 at round 2" in out
+    assert len(lines) <= 25, f"{len(lines)} lines:\n{out}"
+    # The debugging level shows every rank's traceback again.
+    code, out = run(rabit_run(4, sys.executable, "-c", ONE_BUG), timeout=120,
+                    env={"RABIT_LOG_LEVEL": "DEBUG"})
+    assert code != 0 and out.count("Traceback (most recent call last)") >= 2, out[-4000:]
+
+
+def test_a_lost_peer_without_recovery_is_one_line_per_rank_and_not_called_a_bug():
+    code, out = run(rabit_run(4, sys.executable, "scripts/demo.py", "--kill", "2:10"),
+                    timeout=120, env={"RABIT_MAX_RECOVERIES": "0"})
+    assert code != 0
+    assert "Traceback" not in out, out
+    assert "repeat the bug" not in out and "uncaught exception" not in out, out
+    errors = [line for line in _lines(out) if "RecoveryError: a peer was lost, and in-job "
+              "recovery is off (RABIT_MAX_RECOVERIES=0)" in line]
+    assert 1 <= len(errors) <= 3, out
+    assert all("(at " in line and "demo.py:" in line for line in errors), out

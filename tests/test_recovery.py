@@ -166,8 +166,8 @@ def test_recoveries_are_capped():
                                      "RABIT_MAX_RECOVERIES": "1"})
     errors = parse(out, "RECOVERY_ERROR")
     assert errors and results == [], out[-6000:]
-    assert all("1 recoveries already in this job (RABIT_MAX_RECOVERIES=1); giving up"
-               in e["message"] for e in errors)
+    assert all("a peer was lost, and the job was recovered 1 time(s) already "
+               "(RABIT_MAX_RECOVERIES=1): the job ends" in e["message"] for e in errors)
 
 
 # ---------------------------------------------------------------- shared memory

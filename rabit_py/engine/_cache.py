@@ -66,7 +66,10 @@ class Entry(NamedTuple):
 class ResultCache:
     """Results since the last checkpoint (and of the bootstrap epoch)."""
 
-    def __init__(self, budget: int = 0) -> None:
+    def __init__(self, budget: int = 0, copies: int = 0) -> None:
+        self.copies = copies             # RABIT_RESULT_COPIES: 0 = every rank keeps all
+        self._last: Optional[Key] = None
+        self._warned = False
         self._entries: Dict[Key, Entry] = {}
         self._pool: Dict[Tuple[Tuple[int, ...], np.dtype], List[np.ndarray]] = {}
         self.nbytes = 0
@@ -152,6 +155,24 @@ class ResultCache:
             self.nbytes -= _size(old.payload)
         self._entries[key] = entry
         self.nbytes += _size(entry.payload)
+
+    def thin(self, key: Key, rank: int, size: int) -> bool:
+        """After the result of ``key`` was kept: drop the previous call's
+        unless ``rank`` is one of its ``copies`` holders (result #s lives on
+        ranks s..s+copies-1 modulo ``size``; the latest on every rank).
+        Returns True once, the first time a result was refused for the
+        budget (for the caller to say so)."""
+        warn = self.refused > 0 and not self._warned
+        self._warned = self._warned or warn
+        copies = self.copies
+        if copies == 0:
+            return warn                 # every rank keeps every result (the default)
+        previous, self._last = self._last, key
+        if previous is None or previous == key or previous[0] == BOOT or copies >= size:
+            return warn
+        if (previous[1] - rank) % size >= copies:
+            self.drop(previous)
+        return warn
 
     def drop(self, key: Key) -> None:
         """Forget one entry (if held), keeping its array for reuse."""

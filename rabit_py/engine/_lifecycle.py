@@ -23,10 +23,11 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import traceback
 from typing import Any, Callable, List, Optional, Tuple
 
 from .._status import BUG, RESTART, Reporter
-from ..errors import CollectiveTimeoutError
+from ..errors import CollectiveTimeoutError, RabitError
 
 __all__ = ["install_excepthook", "end_job_on_uncaught", "abort_job", "abort_init",
            "is_restartable", "is_secondary", "SECONDARY_GRACE_S"]
@@ -36,17 +37,43 @@ SECONDARY_GRACE_S = 5.0     # an uncaught secondary error waits this long for th
 Hook = Callable[[Any, BaseException], None]
 
 
-def install_excepthook(end_job: Hook) -> Any:
-    """Make ``sys.excepthook`` print the traceback, then call
-    ``end_job(exc_type, exc)``. Returns the hook it replaced (to restore)."""
+def install_excepthook(end_job: Hook, rank: int, verbose: bool = False) -> Tuple[Any, Any]:
+    """Make ``sys.excepthook`` print the error (:func:`error_printer`), then
+    call ``end_job(exc_type, exc)``. Returns the hook it replaced (to
+    restore) and the printer alone (for after the engine ended)."""
     previous = sys.excepthook
+    printer = error_printer(previous, rank, verbose)
 
     def hook(exc_type: Any, exc: Any, tb: Any) -> None:
-        previous(exc_type, exc, tb)
+        printer(exc_type, exc, tb)
         end_job(exc_type, exc)
 
     sys.excepthook = hook
-    return previous
+    return previous, printer
+
+
+def error_printer(previous: Any, rank: int, verbose: bool = False) -> Any:
+    """An excepthook that prints what a user needs of an uncaught error on
+    ``rank``: a bug's traceback (with ``previous``); for a secondary error
+    (Note [uncaught errors]) one line naming the rank that stopped the job;
+    for a fault (a lost peer, a timeout: a ``RabitError`` that a restart may
+    cure) one line with where the program was, not rabit_py's frames and the
+    MPI errors under them. ``verbose`` (``RABIT_LOG_LEVEL=DEBUG``): every
+    traceback in full."""
+
+    def printer(exc_type: Any, exc: Any, tb: Any) -> None:
+        if verbose:
+            previous(exc_type, exc, tb)
+        elif is_secondary(exc):
+            sys.stderr.write(f"rabit_py: {_without_rank(str(exc), rank)} (this is rank "
+                             f"{rank}; RABIT_LOG_LEVEL=DEBUG prints its traceback)\n")
+        elif isinstance(exc, RabitError) and is_restartable(exc):
+            sys.stderr.write(f"rabit_py: rank {rank}: {exc_type.__name__}: "
+                             f"{_without_rank(str(exc), rank)}{_where(tb)}\n")
+        else:
+            previous(exc_type, exc, tb)
+
+    return printer
 
 
 def end_job_on_uncaught(exc_type: Any, exc: BaseException, rank: int, reporter: Reporter,
@@ -60,12 +87,30 @@ def end_job_on_uncaught(exc_type: Any, exc: BaseException, rank: int, reporter: 
     else:
         reporter.fatal(RESTART if is_restartable(exc) else BUG,
                        f"rank {rank}: uncaught {exc_type.__name__}: {exc}")
-    sys.stderr.write(f"rabit_py: rank {rank}: uncaught {exc_type.__name__}; "
-                     f"aborting the job so the other ranks do not wait for it\n")
+    if not is_secondary(exc):
+        sys.stderr.write(f"rabit_py: rank {rank}: uncaught {exc_type.__name__}; "
+                         f"aborting the job so the other ranks do not wait for it\n")
     sys.stderr.flush()
     if told is None:
         announce()
     abort_job(comm, reporter)
+
+
+def _where(tb: Any) -> str:
+    """" (at FILE:LINE, in FUNCTION)" for the program's innermost frame of a
+    traceback (the last one outside rabit_py), or ""."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = ""
+    for frame in traceback.extract_tb(tb):
+        if not os.path.abspath(frame.filename).startswith(package + os.sep):
+            found = f" (at {frame.filename}:{frame.lineno}, in {frame.name})"
+    return found
+
+
+def _without_rank(message: str, rank: int) -> str:
+    """``message`` without its leading "rank N: " (said once, at the end)."""
+    prefix = f"rank {rank}: "
+    return message[len(prefix):] if message.startswith(prefix) else message
 
 
 def causes(exc: BaseException) -> List[BaseException]:

@@ -133,8 +133,12 @@ class Recovery:
         self.recoveries += 1
         give_up = None
         if self.recoveries > config.max_recoveries:
-            give_up = (f"rank {frame.rank}: {self.recoveries - 1} recoveries already in this "
-                       f"job (RABIT_MAX_RECOVERIES={config.max_recoveries}); giving up")
+            give_up = (f"rank {frame.rank}: a peer was lost, and "
+                       + ("in-job recovery is off" if config.max_recoveries == 0 else
+                          f"the job was recovered {self.recoveries - 1} time(s) already")
+                       + f" (RABIT_MAX_RECOVERIES={config.max_recoveries}): the job ends "
+                       f"(rabit-run --max-restarts with a checkpoint folder restarts it "
+                       f"from disk)")
             if self.pool is None:
                 raise self.give_up(RecoveryError(give_up))
             # With spares, they are waiting to rebuild: they must hear it too.

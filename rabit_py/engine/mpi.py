@@ -101,9 +101,10 @@ class MpiEngine(Engine):
         if (config.timeout > 0 or reports) and frame.size > 1:
             frame.watchdog = Watchdog(config.timeout, frame.on_timeout,
                                       heartbeat=self._beat if reports else None)
-        self._saved_excepthook = None
+        self._saved_excepthook = self._error_printer = None
         if frame.size > 1:
-            self._saved_excepthook = install_excepthook(frame.end_job_on_uncaught)
+            self._saved_excepthook, self._error_printer = install_excepthook(
+                frame.end_job_on_uncaught, frame.rank, verbose=config.log_level == "DEBUG")
         # At exit (after the program's own code, before MPI_Finalize): a rank
         # that leaves without finalize() (sys.exit, a return, the end of the
         # script) is finalized on its behalf, which tells its peers; then
@@ -425,7 +426,10 @@ class MpiEngine(Engine):
                 self.frame.watchdog.stop()
             self.frame.reporter.beat(self.frame.version, self.frame.seqno, Kind.FINALIZE, "done")
             if self._saved_excepthook is not None:
-                sys.excepthook = self._saved_excepthook
+                # After an error ended the engine (a session's exit), the
+                # error on its way up is still printed as the engine would.
+                sys.excepthook = (self._error_printer if self.frame.broken is not None
+                                  else self._saved_excepthook)
             if self.frame.broken is None:
                 self.frame.comm.Free()
                 self.frame.ctrl.Free()

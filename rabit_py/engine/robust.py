@@ -122,10 +122,8 @@ class RobustEngine(MpiEngine):
             comm.Agree(1)
         if joined.owns_comm:
             comm.Free()                 # ours, not the caller's: the engine runs on a Dup
-        self._cache = ResultCache(config.cache_budget or default_budget())
-        self._warned_budget = False
-        self._last_cached: Optional[Key] = None
-        self._result_copies = config.result_copies
+        self._cache = ResultCache(config.cache_budget or default_budget(),
+                                  config.result_copies)
         self._epoch = BOOT
         self._recovering = replacement
         self._has_version = not replacement
@@ -319,10 +317,9 @@ class RobustEngine(MpiEngine):
                           lambda entry: load(entry.payload), None)
 
     def _thin(self, key: Key) -> None:
-        """Keep the result of ``key``; drop the previous call's unless this
-        rank is one of its holders (``result_copies``; Note [result cache])."""
-        if self._cache.refused and not self._warned_budget:
-            self._warned_budget = True
+        """Keep the result of ``key`` (``result_copies``: Note [result cache]);
+        the first time the cache budget was passed, say what that means."""
+        if self._cache.thin(key, self.frame.rank, self.frame.size):
             log.warning(
                 "rank %d: the results kept for replay since the last checkpoint passed the "
                 "cache budget (RABIT_CACHE_BUDGET=%d bytes) at call #%d of version %d. "
@@ -331,15 +328,6 @@ class RobustEngine(MpiEngine):
                 "--checkpoint-dir, --max-restarts) instead of an in-job recovery. Checkpoint "
                 "more often (rabit.checkpoint), or raise RABIT_CACHE_BUDGET.",
                 self.frame.rank, self._cache.budget, key[1], self.frame.version)
-        copies = self._result_copies
-        if copies == 0:
-            return                      # every rank keeps every result (the default)
-        previous, self._last_cached = self._last_cached, key
-        if previous is None or previous == key or previous[0] == BOOT or \
-                copies >= self.frame.size:
-            return
-        if (previous[1] - self.frame.rank) % self.frame.size >= copies:
-            self._cache.drop(previous)
 
     # ------------------------------------------------------------ checkpoints
     def checkpoint(self, global_model: Any, local_model: Any = None) -> None:

@@ -89,3 +89,34 @@ def test_a_replacement_gets_what_fits_in_one_info_value_most_needed_first():
     assert not any(line.startswith(("RABIT_CHECKPOINT_DIR", "HOME", "RABIT_BAD"))
                    for line in lines)
     assert spawn_environment({"RABIT_TIMEOUT": "30"}, 1000) == "RABIT_TIMEOUT=30"
+
+
+def test_thinning_keeps_each_result_on_its_holders_and_the_latest_everywhere():
+    # result_copies=2 on 4 ranks: result #s lives on ranks s and s+1 (mod 4).
+    kept = {}
+    for rank in range(4):
+        cache = ResultCache(copies=2)
+        for seqno in range(6):
+            key = (0, seqno)
+            out = cache.buffer_like(np.zeros(2))
+            cache.put_owned(key, 1, (), out)
+            assert cache.thin(key, rank, 4) is False
+        kept[rank] = [s for s in range(6) if (0, s) in cache]
+    for rank, seqnos in kept.items():
+        holders = [s for s in range(5) if (s - rank) % 4 < 2]
+        assert seqnos == holders + [5], (rank, seqnos)
+    every = ResultCache()                       # copies=0: every rank keeps all
+    for seqno in range(3):
+        every.put_owned((0, seqno), 1, (), every.buffer_like(np.zeros(1)))
+        every.thin((0, seqno), 1, 4)
+    assert len(every) == 3
+
+
+def test_thinning_says_once_that_the_budget_was_passed():
+    cache = ResultCache(budget=16)
+    cache.put_owned((0, 0), 1, (), np.zeros(2))          # 16 bytes: kept
+    assert cache.thin((0, 0), 0, 2) is False
+    cache.put_owned((0, 1), 1, (), np.zeros(2))          # refused
+    assert cache.thin((0, 1), 0, 2) is True
+    cache.put_owned((0, 2), 1, (), np.zeros(2))
+    assert cache.thin((0, 2), 0, 2) is False
