@@ -166,3 +166,24 @@ def test_a_lost_peer_without_recovery_is_one_line_per_rank_and_not_called_a_bug(
               "recovery is off (RABIT_MAX_RECOVERIES=0)" in line]
     assert 1 <= len(errors) <= 3, out
     assert all("(at " in line and "demo.py:" in line for line in errors), out
+
+
+MIXED_CHECKPOINTS = """
+import numpy as np, rabit_py as rabit
+rabit.init(timeout=60)
+rabit.load_checkpoint()
+rabit.allreduce(np.ones(2), rabit.Op.SUM)
+if rabit.get_rank() == 0:
+    rabit.lazy_checkpoint({"w": 1})
+else:
+    rabit.checkpoint({"w": 1}, local_model={"rows": 3})
+"""
+
+
+def test_a_lazy_checkpoint_beside_a_full_one_is_a_mismatch_not_a_hang():
+    # The robust engine's lazy checkpoint sends no local models (none
+    # exist), so the check must tell it from a checkpoint that does.
+    code, out = run(rabit_run(2, sys.executable, "-c", MIXED_CHECKPOINTS), timeout=60)
+    assert code != 0
+    assert "CollectiveMismatchError" in out, out[-4000:]
+    assert "lazy_checkpoint on rank 0; checkpoint on rank 1" in out, out[-4000:]

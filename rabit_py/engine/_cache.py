@@ -44,7 +44,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["BOOT", "Entry", "ResultCache", "default_budget"]
+__all__ = ["BOOT", "Entry", "ResultCache", "default_budget", "key_code", "code_key"]
 
 BOOT = -1   # the epoch of calls made before the first load_checkpoint / checkpoint
 
@@ -206,6 +206,17 @@ class ResultCache:
 
 
 _new_entry = tuple.__new__
+
+
+def key_code(key: Key) -> int:
+    """A key as one int64, ordered like the calls: bootstrap calls first
+    (the recovery round's summary reduces them with MAX)."""
+    return 1 + ((key[0] + 1) << 32) + key[1]
+
+
+def code_key(code: int) -> Key:
+    """The key of :func:`key_code`."""
+    return ((code - 1) >> 32) - 1, (code - 1) & 0xFFFFFFFF
 
 
 def default_budget() -> int:

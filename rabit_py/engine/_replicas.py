@@ -47,6 +47,11 @@ class Replicas:
                                      source=src, recvtag=LOCAL_MODEL_TAG + i)
         return got
 
+    def none_held(self, rank: int, size: int) -> Dict[int, Optional[bytes]]:
+        """What :meth:`exchange` returns when no rank has a local model (a
+        lazy checkpoint), without the messages."""
+        return {(rank - i) % size: None for i in range(1, min(self.copies, size - 1) + 1)}
+
     def holding(self, requesting: bool, has_version: bool, has_local: bool) -> Holding:
         """This rank's :data:`Holding`."""
         return (requesting, has_version, sorted(self.held) if has_version else [], has_local)

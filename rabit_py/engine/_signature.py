@@ -25,7 +25,7 @@ from ..ops import dtype_code, op_code, op_name
 
 __all__ = ["Kind", "Signature", "WILDCARD", "N_FIELDS", "shape_code", "fill_vector",
            "agrees", "mismatched_fields", "describe_mismatch", "Call", "OBJECT",
-           "call_values", "call_signature"]
+           "call_values", "call_signature", "shown"]
 
 WILDCARD = int(np.iinfo(np.int64).min)
 
@@ -39,9 +39,10 @@ class Kind:
     CHECKPOINT = 4
     LOAD_CHECKPOINT = 5
     FINALIZE = 6
+    LAZY_CHECKPOINT = 7     # told apart in the check: it exchanges no local models
 
     NAMES = {1: "allreduce", 2: "broadcast", 3: "allgather", 4: "checkpoint",
-             5: "load_checkpoint", 6: "finalize"}
+             5: "load_checkpoint", 6: "finalize", 7: "lazy_checkpoint"}
 
 
 # The dtype of a broadcast root that sends a pickled object instead of an array.
@@ -98,6 +99,12 @@ def mismatched_fields(reduced: np.ndarray) -> List[str]:
     maxs, neg_mins = values[:N_FIELDS], values[N_FIELDS:]
     return [name for name, hi, neg_lo in zip(_FIELDS, maxs, neg_mins)
             if hi != WILDCARD and hi != -neg_lo]
+
+
+def shown(signature: tuple) -> tuple:
+    """A robust engine's cached call signature ``(kind, op, dtype, shape)``
+    for a message: the fields after the kind, dtypes by name."""
+    return tuple(str(x) if isinstance(x, np.dtype) else x for x in signature[1:])
 
 
 def call_values(version: int, seqno: int, kind: int, call: Optional[Call],

@@ -65,11 +65,11 @@ from .._checkpoint import deserialize, serialize
 from ..config import Config
 from ..errors import CheckpointError, CollectiveMismatchError, PeerFailure, RecoveryError
 from ..ops import OpLike, op_code
-from ._cache import BOOT, Entry, ResultCache, default_budget
+from ._cache import BOOT, Entry, ResultCache, code_key, default_budget, key_code
 from ._enter import enter_job
 from ._recovery import Recovery
 from ._replicas import Replicas
-from ._signature import Kind
+from ._signature import Kind, shown
 from ._validate import check_allreduce
 from ._versions import NO_LAZY
 from .base import CheckpointResult, PrepareFn
@@ -84,20 +84,6 @@ Key = Tuple[int, int]
 _LOAD = 0                       # request code of load_checkpoint (served first)
 _NO_VERSION = int(np.iinfo(np.int64).min)
 _SERVED, _WAIT, _EXECUTE = "served", "wait", "execute"
-
-
-def _code(key: Key) -> int:
-    """A key as one int64, ordered like the calls: bootstrap calls first."""
-    return 1 + ((key[0] + 1) << 32) + key[1]
-
-
-def _shown(signature: tuple) -> tuple:
-    """A call's signature for a message (dtypes by name)."""
-    return tuple(str(x) if isinstance(x, np.dtype) else x for x in signature[1:])
-
-
-def _key(code: int) -> Key:
-    return ((code - 1) >> 32) - 1, (code - 1) & 0xFFFFFFFF
 
 
 class RobustEngine(MpiEngine):
@@ -192,8 +178,8 @@ class RobustEngine(MpiEngine):
             signature = ()
 
         def execute() -> np.ndarray:
+            self.frame.seqno = key[1]
             if error is not None:
-                self.frame.seqno = key[1]
                 MpiEngine.framed_allreduce(self, data, op, prepare_fun, error)
             return self._execute_allreduce(key, signature, data, op, prepare_fun)
 
@@ -208,8 +194,8 @@ class RobustEngine(MpiEngine):
         """Run the allreduce of ``key`` and keep its result. Reduced out of
         place into the buffer the cache keeps: an MPI call that fails half-way
         leaves ``data`` as it was, so the call can run again after a recovery,
-        and the result is copied once (Note [result cache])."""
-        self.frame.seqno = key[1]
+        and the result is copied once (Note [result cache]). The frame's call
+        number is ``key``'s."""
         cache = self._cache
         out = cache.buffer_like(data)
         self.framed_allreduce(data, op, prepare_fun, None, out)
@@ -319,7 +305,10 @@ class RobustEngine(MpiEngine):
     def _thin(self, key: Key) -> None:
         """Keep the result of ``key`` (``result_copies``: Note [result cache]);
         the first time the cache budget was passed, say what that means."""
-        if self._cache.thin(key, self.frame.rank, self.frame.size):
+        cache = self._cache
+        if cache.copies == 0 and not cache.refused:
+            return              # the default: every rank keeps every result
+        if cache.thin(key, self.frame.rank, self.frame.size):
             log.warning(
                 "rank %d: the results kept for replay since the last checkpoint passed the "
                 "cache budget (RABIT_CACHE_BUDGET=%d bytes) at call #%d of version %d. "
@@ -348,10 +337,18 @@ class RobustEngine(MpiEngine):
         key = (self._epoch, self.frame.seqno)
         self._before_call(key[1])
 
+        lazy_call = lazy is not NO_LAZY
+
         def execute() -> None:
-            self.frame.sync(Kind.CHECKPOINT, error)
-            replicas = self.frame.guarded(Kind.CHECKPOINT,
-                                     lambda: self._replicas.exchange(self.frame.comm, local_blob))
+            frame = self.frame
+            frame.sync(Kind.LAZY_CHECKPOINT if lazy_call else Kind.CHECKPOINT, error)
+            if lazy_call:
+                # Every rank is in a lazy checkpoint (the check holds it): no
+                # local model anywhere, so the exchange would move only Nones.
+                replicas = self._replicas.none_held(frame.rank, frame.size)
+            else:
+                replicas = frame.guarded(Kind.CHECKPOINT,
+                                         lambda: self._replicas.exchange(frame.comm, local_blob))
             self.frame.guarded(Kind.CHECKPOINT, lambda: self.frame.comm.Agree(1), agreement=True)
             # Committed at every living rank (the agreement is uniform).
             self.checkpoints.commit(global_blob, local_blob, lazy)
@@ -458,8 +455,8 @@ class RobustEngine(MpiEngine):
                         raise CollectiveMismatchError(
                             f"rank {self.frame.rank}: after recovery, call #{key[1]} of version "
                             f"{self.frame.version} is {Kind.NAMES.get(kind)} "
-                            f"{_shown(signature)} but the other ranks ran "
-                            f"{Kind.NAMES.get(entry.kind)} {_shown(entry.signature)}: the "
+                            f"{shown(signature)} but the other ranks ran "
+                            f"{Kind.NAMES.get(entry.kind)} {shown(entry.signature)}: the "
                             f"program must make the same calls on "
                             f"every run")
                     self._cache.put_entry(key, entry)
@@ -487,7 +484,7 @@ class RobustEngine(MpiEngine):
     def _round(self, key: Optional[Key]) -> Tuple[str, Optional[Entry]]:
         """One round of the recovery protocol; ``key`` None asks for the checkpoint."""
         comm = self.frame.comm
-        code = _LOAD if key is None else _code(key)
+        code = _LOAD if key is None else key_code(key)
         version = self.frame.version if self._has_version else _NO_VERSION
         summary = np.array([version, -version if self._has_version else _NO_VERSION,
                             -code, code, int(self._resume_pending and self._has_version)],
@@ -508,7 +505,7 @@ class RobustEngine(MpiEngine):
         if min_code == _LOAD:
             self._serve_checkpoint(key is None, max_version)
             return (_SERVED if key is None else _WAIT), None
-        wanted = _key(min_code)
+        wanted = code_key(min_code)
         holder = comm.allreduce(self.frame.rank if wanted in self._cache else -1, op=MPI.MAX)
         if holder >= 0:
             entry = comm.bcast(self._cache.get(wanted) if self.frame.rank == holder else None,

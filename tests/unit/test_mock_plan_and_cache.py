@@ -120,3 +120,11 @@ def test_thinning_says_once_that_the_budget_was_passed():
     assert cache.thin((0, 1), 0, 2) is True
     cache.put_owned((0, 2), 1, (), np.zeros(2))
     assert cache.thin((0, 2), 0, 2) is False
+
+
+def test_key_codes_order_like_the_calls_and_round_trip():
+    from rabit_py.engine._cache import code_key, key_code
+    keys = [(BOOT, 0), (BOOT, 7), (0, 0), (0, 3), (1, 0), (12, 1 << 20)]
+    codes = [key_code(k) for k in keys]
+    assert codes == sorted(codes) and len(set(codes)) == len(codes)
+    assert [code_key(c) for c in codes] == keys
