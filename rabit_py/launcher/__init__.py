@@ -86,7 +86,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      private_dirs=args.launcher == "mpirun" and one_node,
                      status_parent=status_parent, forward_env=args.launcher == "mpirun",
                      processes=args.np + args.spares, hosts=found[2] if found else None,
-                     program_words=len(program))
+                     program_words=len(program), quiet_banners=not args.mpi_banners)
     return run_with_restarts(launch, args.max_restarts, args.restart_delay, env)
 
 
@@ -130,6 +130,10 @@ def print_plan(cmd: List[str], args: Any, env: Dict[str, str], status_parent: Op
     lines.append(f"supervision: the job is ended when no rank made progress for {stall} "
                  f"while every living rank waited inside rabit_py; every process it "
                  f"started is reaped at the end and on Ctrl-C")
+    if not args.mpi_banners and args.launcher == "mpirun":
+        lines.append("output: Open MPI's banners that repeat what rabit_py says about a "
+                     "failure (MPI_ABORT was invoked ...) are left out of the job's stderr "
+                     "(--mpi-banners shows them)")
     if not one_node:
         lines.append("hosts: after a failed attempt each host of the list is probed; hosts "
                      "that do not answer are left out of the next attempt"

@@ -142,6 +142,10 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mpirun", help="mpirun to use (default: the one beside this Python)")
     parser.add_argument("--no-ft", action="store_true",
                         help="do not add --with-ft ulfm (no MPI fault tolerance)")
+    parser.add_argument("--mpi-banners", action="store_true",
+                        help="pass on every message of Open MPI (by default its banners that "
+                             "repeat what rabit_py and rabit-run say about a failure are left "
+                             "out)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the command instead of running it")
     parser.add_argument("--max-restarts", type=int, default=0,
@@ -274,6 +278,7 @@ class Launch:
     private_dirs: bool = True
     status_parent: Optional[str] = None
     forward_env: bool = False
+    quiet_banners: bool = True           # Note [quiet banners] in _output.py
     processes: int = 0                   # ranks and spares
     hosts: Optional[List[Tuple[str, Optional[int]]]] = None    # (host, slots) in order
     program_words: int = 0               # the program and its arguments end ``cmd``

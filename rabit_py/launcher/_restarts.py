@@ -30,7 +30,8 @@ def _run(launch: Launch, env: Dict[str, str]) -> Outcome:
     """
     for tries in range(_LAUNCH_TRIES):
         outcome = Attempt(launch.cmd, launch.ranks, env, launch.stall_timeout,
-                          launch.private_dirs, launch.status_parent, launch.forward_env).run()
+                          launch.private_dirs, launch.status_parent, launch.forward_env,
+                          launch.quiet_banners).run()
         if (outcome.code != LAUNCH_FAILED or outcome.interrupted or outcome.started
                 or tries == _LAUNCH_TRIES - 1):
             return outcome

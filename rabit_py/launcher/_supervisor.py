@@ -59,6 +59,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Set, Tuple
 
+from ._output import pump
 from ._processes import descendants, forwarded, is_stopped, kill_tree, start_time
 from .._status import STATUS_DIR_VARIABLE, BUG, Report, job_done, process_alive, read_reports
 
@@ -106,12 +107,16 @@ class Attempt:
             system's temporary folder).
         forward_env: add ``-x NAME`` to the mpirun command for each ``RABIT_*``
             variable (and ``PYTHONPATH``), the status folder's included.
+        quiet_banners: leave Open MPI's banners that repeat what rabit_py
+            says out of the job's stderr (Note [quiet banners] in _output.py).
     """
 
     def __init__(self, cmd: List[str], ranks: int, env: Dict[str, str],
                  stall_timeout: Optional[float] = None, private_dirs: bool = True,
-                 status_parent: Optional[str] = None, forward_env: bool = False) -> None:
+                 status_parent: Optional[str] = None, forward_env: bool = False,
+                 quiet_banners: bool = True) -> None:
         self.cmd, self.ranks = cmd, ranks
+        self.quiet_banners = quiet_banners
         self.stall_timeout = stall_timeout
         self.status_dir = tempfile.mkdtemp(prefix="rabit-run-", dir=status_parent)
         self.env = {**env, STATUS_DIR_VARIABLE: self.status_dir}
@@ -141,7 +146,10 @@ class Attempt:
         """Run the attempt to its end; every process it started has ended and
         its folders are removed when this returns."""
         self._began = time.time()
-        proc = subprocess.Popen(self.cmd, start_new_session=True, env=self.env)
+        proc = subprocess.Popen(self.cmd, start_new_session=True, env=self.env,
+                                stderr=subprocess.PIPE if self.quiet_banners else None)
+        # Note [quiet banners] in _output.py.
+        errors = pump(proc.stderr, sys.stderr.buffer) if proc.stderr is not None else None
         try:
             return self._supervise(proc)
         finally:
@@ -150,6 +158,8 @@ class Attempt:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+            if errors is not None:
+                errors.join(timeout=5)      # the job's last words, before the verdict
             self._end_left_behind()
             self._clean_up()
 
