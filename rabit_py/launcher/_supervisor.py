@@ -146,10 +146,11 @@ class Attempt:
         """Run the attempt to its end; every process it started has ended and
         its folders are removed when this returns."""
         self._began = time.time()
+        # Note [quiet banners] in _output.py (where our stderr takes bytes).
+        sink = getattr(sys.stderr, "buffer", None) if self.quiet_banners else None
         proc = subprocess.Popen(self.cmd, start_new_session=True, env=self.env,
-                                stderr=subprocess.PIPE if self.quiet_banners else None)
-        # Note [quiet banners] in _output.py.
-        errors = pump(proc.stderr, sys.stderr.buffer) if proc.stderr is not None else None
+                                stderr=subprocess.PIPE if sink is not None else None)
+        errors = pump(proc.stderr, sink) if sink is not None else None
         try:
             return self._supervise(proc)
         finally:
@@ -158,9 +159,9 @@ class Attempt:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+            self._end_left_behind()
             if errors is not None:
                 errors.join(timeout=5)      # the job's last words, before the verdict
-            self._end_left_behind()
             self._clean_up()
 
     def remember(self, pids: List[int]) -> None:
