@@ -164,19 +164,24 @@ class RobustEngine(MpiEngine):
         error = check_allreduce(data, op)
         key = (self._epoch, self.frame.seqno)
         self._before_call(key[1])
-        if error is None:
-            # The dtype itself: its .str costs 0.3 us of the hot path.
-            signature = (Kind.ALLREDUCE, op_code(op), data.dtype, data.shape)
-            if not self._recovering:
-                # The common case, without the closures of _call (the hot
-                # path): as _call's first step; a lost peer goes on there.
-                try:
-                    return self._execute_allreduce(key, signature, data, op, prepare_fun)
-                except PeerFailure:
-                    self._recover()
-        else:
-            signature = ()
+        if error is not None:
+            return self._allreduce_call(key, (), data, op, prepare_fun, error)
+        # The dtype itself: its .str costs 0.3 us of the hot path.
+        signature = (Kind.ALLREDUCE, op_code(op), data.dtype, data.shape)
+        # The common case without the closures of _call (the hot path); a
+        # lost peer is recovered by _until_done, and the step goes on by rounds.
+        return self._until_done(self._allreduce_step, key, signature, data, op, prepare_fun)
 
+    def _allreduce_step(self, key: Key, signature: tuple, data: np.ndarray, op: OpLike,
+                        prepare_fun: Optional[PrepareFn]) -> np.ndarray:
+        if self._recovering:
+            return self._allreduce_call(key, signature, data, op, prepare_fun, None)
+        return self._execute_allreduce(key, signature, data, op, prepare_fun)
+
+    def _allreduce_call(self, key: Key, signature: tuple, data: np.ndarray, op: OpLike,
+                        prepare_fun: Optional[PrepareFn], error: Optional[BaseException]
+                        ) -> np.ndarray:
+        """An allreduce by :meth:`_call`: refused, or by recovery rounds."""
         def execute() -> np.ndarray:
             self.frame.seqno = key[1]
             if error is not None:
@@ -467,14 +472,14 @@ class RobustEngine(MpiEngine):
 
         return self._until_done(step)
 
-    def _until_done(self, step: Callable[[], Any]) -> Any:
-        """Run ``step`` until it returns something else than ``_AGAIN``. The
-        one place where a lost peer (PeerFailure, from any MPI call of the
-        step) is caught: the job is repaired (Note [repair]) and the step
-        runs again, as a round of the recovery protocol or for real."""
+    def _until_done(self, step: Callable[..., Any], *args: Any) -> Any:
+        """Run ``step(*args)`` until it returns something else than
+        ``_AGAIN``. The one place where a lost peer (PeerFailure, from any MPI
+        call of the step) is caught: the job is repaired (Note [repair]) and
+        the step runs again, as a round of the recovery protocol or for real."""
         while True:
             try:
-                result = step()
+                result = step(*args)
             except PeerFailure:
                 self._recover()
                 continue
