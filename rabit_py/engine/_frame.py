@@ -195,6 +195,14 @@ class CallFrame:
         ``RecoveryError``), or a plain MPI error (the engine is then broken)."""
         error_class = exc.Get_error_class()
         fired = self.timed_out
+        if (self.ulfm and error_class not in (ERR_PROC_FAILED, ERR_REVOKED) and not fired
+                and self._interrupted_by_failure()):
+            # Open MPI's nonblocking-schedule collectives (libnbc) report a
+            # peer's death as MPI_ERR_OTHER ("NBC_Progress: an error 75 was
+            # found during schedule", 75 being MPI_ERR_PROC_FAILED): seen in
+            # CI, a replacement's recovery round during a second kill, which
+            # ended the job as a bug. A peer is gone: it is that.
+            error_class = ERR_REVOKED if self.comm.Is_revoked() else ERR_PROC_FAILED
         lost = error_class in (ERR_PROC_FAILED, ERR_REVOKED)
         if self.recovers and lost and not fired:
             notice = self.notice(wait=0.05 if error_class == ERR_REVOKED else 0.0)

@@ -198,3 +198,61 @@ def test_errors_that_only_report_another_ranks_are_secondary():
     error = RabitError("rank 1 stopped the job")
     error.secondary = True
     assert is_secondary(error) and not is_secondary(ValueError("x"))
+
+
+class _Group:
+    def __init__(self, size):
+        self.size = size
+
+    def Get_size(self):
+        return self.size
+
+    def Free(self):
+        pass
+
+
+class _Comm:
+    """A stand-in communicator: its peers failed or not, revoked or not."""
+
+    def __init__(self, failed=0, revoked=False):
+        self.failed, self.revoked, self.revokes = failed, revoked, 0
+
+    def Get_rank(self):
+        return 1
+
+    def Get_size(self):
+        return 4
+
+    def Is_revoked(self):
+        return self.revoked
+
+    def Get_failed(self):
+        return _Group(self.failed)
+
+    def Revoke(self):
+        self.revokes += 1
+
+    def Iprobe(self, **_):
+        return False
+
+
+def test_an_mpi_error_of_another_class_after_a_peer_died_is_a_lost_peer():
+    # Open MPI's libnbc collectives report a dead peer as MPI_ERR_OTHER.
+    from mpi4py import MPI
+
+    from rabit_py.config import Config
+    from rabit_py.engine._frame import CallFrame
+    from rabit_py.errors import PeerFailure
+
+    frame = CallFrame(Config(), ulfm=True, recovers=True)
+    frame.use(_Comm(failed=1), _Comm())
+    error = frame.failure(MPI.Exception(MPI.ERR_OTHER))
+    assert isinstance(error, PeerFailure) and "a peer process failed" in str(error)
+    assert frame.broken is None
+    # Without a dead peer it stays an MPI error, and the engine is broken.
+    frame = CallFrame(Config(), ulfm=True, recovers=True)
+    frame.use(_Comm(failed=0), _Comm())
+    started = time.monotonic()
+    error = frame.failure(MPI.Exception(MPI.ERR_OTHER))
+    assert type(error) is RabitError and "MPI error in collective" in str(error)
+    assert frame.broken is not None and time.monotonic() - started < 3
