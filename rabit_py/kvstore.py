@@ -41,14 +41,14 @@ scope: rabit_py is BSP by design.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import api
 from ._commthread import comm_thread
+from ._kvplans import Key, Plan, Plans, Push, check_key
 from ._kvstate import model_of, read_states, restore_model, write_states
-from .bucket import GradientBucketer
 from .errors import CheckpointError, KVStoreError, NotInitializedError
 from .gpu._arrays import is_device_array, to_host
 from .ops import Op
@@ -56,30 +56,7 @@ from .optimizer import Optimizer, Updater
 
 __all__ = ["KVStore", "create"]
 
-Key = Union[int, str]
 _SYNC_TYPES = ("dist_sync", "dist_sync_device", "dist_device_sync")
-_MAX_CACHED_PLANS = 64
-
-
-class _Push(NamedTuple):
-    key: Key
-    value: np.ndarray
-    priority: int
-    seq: int
-
-
-class _Plan:
-    """A bucketer for one launch signature, and which key each parameter is."""
-
-    def __init__(self, store: "KVStore", keys: List[Key], values: List[np.ndarray]) -> None:
-        self.keys = keys
-        self.bucketer = GradientBucketer(values, bucket_cap_mb=store.bucket_cap_mb,
-                                         first_bucket_mb=store.first_bucket_mb, average=False,
-                                         executor=store._executor,
-                                         on_reduced=lambda b: store._apply(self, b))
-        self.active = False
-
-
 def create(name: str = "dist_sync", **kwargs: Any) -> "KVStore":
     """A store of type ``name`` (MXNet's ``mx.kv.create``); see :class:`KVStore`."""
     return KVStore(name, **kwargs)
@@ -117,12 +94,12 @@ class KVStore:
         self.bucket_cap_mb = float(bucket_cap_mb)
         self.first_bucket_mb = float(first_bucket_mb or bucket_cap_mb)
         self._store: Dict[Key, np.ndarray] = {}
-        self._pending: List[_Push] = []
+        self._pending: List[Push] = []
         self._pending_keys: set = set()
         self._pending_bytes = 0
         self._seq = 0
-        self._plans: "collections.OrderedDict[tuple, _Plan]" = collections.OrderedDict()
-        self._inflight: Dict[Key, Tuple[_Plan, int]] = {}
+        self._plans = Plans()
+        self._inflight: Dict[Key, Tuple[Plan, int]] = {}
         self._updater: Optional[Callable[[Key, np.ndarray, np.ndarray], None]] = None
         # The engine's one communication thread (shared with bucketers and
         # the torch adapter, so that collectives keep one order).
@@ -205,7 +182,7 @@ class KVStore:
         for k, total in zip(keys, sums):
             if k in self._pending_keys:      # the earlier push of k must be reduced first
                 self._launch()
-            self._pending.append(_Push(k, total, int(priority), self._seq))
+            self._pending.append(Push(k, total, int(priority), self._seq))
             self._pending_keys.add(k)
             self._pending_bytes += total.nbytes
             self._seq += 1
@@ -233,7 +210,7 @@ class KVStore:
         """
         self._check_usable()
         single = not isinstance(key, (list, tuple))
-        keys = [_check_key(k) for k in ([key] if single else key)]
+        keys = [check_key(k) for k in ([key] if single else key)]
         if out is None:
             outs: List[Any] = [None] * len(keys)
         else:
@@ -280,7 +257,7 @@ class KVStore:
         self._check_usable()
         if self._pending:
             self._launch()
-        for plan in list(self._plans.values()):
+        for plan in self._plans.all():
             if plan.active:
                 self._finish(plan)
         self._inflight.clear()
@@ -416,8 +393,8 @@ class KVStore:
         if isinstance(key, (list, tuple)):
             if not isinstance(value, (list, tuple)) or len(value) != len(key):
                 raise ValueError(f"{len(key)} keys need a list of {len(key)} values")
-            return [_check_key(k) for k in key], list(value)
-        return [_check_key(key)], [value]
+            return [check_key(k) for k in key], list(value)
+        return [check_key(key)], [value]
 
     def _known(self, key: Key, action: str) -> np.ndarray:
         try:
@@ -453,16 +430,11 @@ class KVStore:
         if not group:
             return
         signature = tuple((p.key, p.value.shape, p.value.dtype.str) for p in group)
-        plan = self._plans.get(signature)
-        if plan is None:
-            # The bucketer plans from its last parameter: give it the group reversed.
-            plan = _Plan(self, [p.key for p in reversed(group)], [p.value for p in reversed(group)])
-            self._plans[signature] = plan
-            self._evict_plans()
-        else:
-            self._plans.move_to_end(signature)
-            if plan.active:                   # its previous launch must end first
-                self._finish(plan)
+        # The bucketer plans from its last parameter: give it the group reversed.
+        plan, made = self._plans.get(signature, lambda: Plan(
+            self, [p.key for p in reversed(group)], [p.value for p in reversed(group)]))
+        if not made and plan.active:          # its previous launch must end first
+            self._finish(plan)
         plan.active = True
         last = len(group) - 1
         for position, item in enumerate(group):
@@ -471,17 +443,7 @@ class KVStore:
         for members in plan.bucketer.buckets:
             self.launched.append(tuple(plan.keys[i] for i in members))
 
-    def _evict_plans(self) -> None:
-        while len(self._plans) > _MAX_CACHED_PLANS:
-            for signature, plan in self._plans.items():
-                if not plan.active:
-                    del self._plans[signature]
-                    plan.bucketer.close()
-                    break
-            else:
-                return
-
-    def _apply(self, plan: _Plan, bucket: int) -> None:
+    def _apply(self, plan: Plan, bucket: int) -> None:
         """On the communication thread: a bucket is reduced; update its keys."""
         for index in plan.bucketer.buckets[bucket]:
             key = plan.keys[index]
@@ -503,7 +465,7 @@ class KVStore:
         except BaseException as exc:
             self._fail(exc)
 
-    def _finish(self, plan: _Plan) -> None:
+    def _finish(self, plan: Plan) -> None:
         plan.active = False
         try:
             plan.bucketer.wait()
@@ -544,13 +506,3 @@ class KVStore:
             raise KVStoreError(f"rank {self.rank}: {action} needs an optimizer: call "
                                f"set_optimizer first (a plain updater function has no states)")
         return self._updater.get_states()  # type: ignore[union-attr]
-
-
-def _check_key(key: Any) -> Key:
-    if isinstance(key, (bool, np.bool_)):
-        raise TypeError(f"key {key!r}: keys are ints or strings")
-    if isinstance(key, (int, np.integer)):
-        return int(key)
-    if isinstance(key, str):
-        return key
-    raise TypeError(f"key {key!r} is a {type(key).__name__}: keys are ints or strings")
