@@ -30,18 +30,20 @@ class Plan:
     """A bucketer for one launch signature, and which key each parameter is.
 
     Args:
-        store: the KVStore (its bucket sizes, communication thread, and
-            ``_apply`` for each reduced bucket).
         keys: the keys, in the bucketer's parameter order.
         values: their values (the bucketer's parameters).
+        bucket_cap_mb, first_bucket_mb: the store's bucket sizes.
+        executor: the communication thread the buckets are reduced on.
+        apply: ``apply(plan, bucket)`` after each bucket is reduced.
     """
 
-    def __init__(self, store: Any, keys: List[Key], values: List[np.ndarray]) -> None:
+    def __init__(self, keys: List[Key], values: List[np.ndarray], bucket_cap_mb: float,
+                 first_bucket_mb: Any, executor: Any,
+                 apply: Callable[["Plan", int], None]) -> None:
         self.keys = keys
-        self.bucketer = GradientBucketer(values, bucket_cap_mb=store.bucket_cap_mb,
-                                         first_bucket_mb=store.first_bucket_mb, average=False,
-                                         executor=store._executor,
-                                         on_reduced=lambda b: store._apply(self, b))
+        self.bucketer = GradientBucketer(values, bucket_cap_mb=bucket_cap_mb,
+                                         first_bucket_mb=first_bucket_mb, average=False,
+                                         executor=executor, on_reduced=lambda b: apply(self, b))
         self.active = False
 
 

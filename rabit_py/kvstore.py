@@ -432,7 +432,8 @@ class KVStore:
         signature = tuple((p.key, p.value.shape, p.value.dtype.str) for p in group)
         # The bucketer plans from its last parameter: give it the group reversed.
         plan, made = self._plans.get(signature, lambda: Plan(
-            self, [p.key for p in reversed(group)], [p.value for p in reversed(group)]))
+            [p.key for p in reversed(group)], [p.value for p in reversed(group)],
+            self.bucket_cap_mb, self.first_bucket_mb, self._executor, self._apply))
         if not made and plan.active:          # its previous launch must end first
             self._finish(plan)
         plan.active = True

@@ -1,6 +1,7 @@
 """Optional dependencies are checked before the work starts, with a message
 naming the extra: rabit_py.extras, the scripts' --plot, the trainers."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,9 @@ import pytest
 from rabit_py.extras import missing, require
 
 ROOT = Path(__file__).resolve().parents[2]
+# Scripts that import mpi4py start a one-process MPI job: without the
+# shared-memory BTL it leaves no file in /dev/shm (engine/_mpistart.py).
+ENV = {**os.environ, "OMPI_MCA_btl": "^ofi,sm"}
 
 
 def test_require_names_the_extra():
@@ -34,7 +38,7 @@ def test_benchmarks_check_matplotlib_before_the_work(script):
                 f"sys.argv = ['{script}'] + {plot!r}; "
                 f"runpy.run_path('scripts/{script}.py', run_name='__main__')")
     done = subprocess.run([sys.executable, "-c", env_code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, env=ENV)
     assert done.returncode != 0
     assert 'pip install -e ".[bench]"' in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
@@ -43,7 +47,7 @@ def test_benchmarks_check_matplotlib_before_the_work(script):
 def test_the_trainers_name_their_extra_without_scikit_learn():
     done = subprocess.run([sys.executable, "-c", "import sys; sys.modules['sklearn'] = None; "
                                                  "import trainers.kmeans"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
     assert done.returncode != 0
     assert "ModuleNotFoundError" in done.stderr
     assert 'need scikit-learn, which is not installed: pip install -e ".[trainers]"' in \
@@ -54,7 +58,7 @@ def test_the_scripts_that_need_xgboost_say_so():
     done = subprocess.run([sys.executable, "-c",
                            "import sys, runpy; sys.modules['xgboost'] = None; "
                            "runpy.run_path('scripts/xgboost_train.py', run_name='__main__')"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
     assert done.returncode != 0
     assert 'needs xgboost, which is not installed: pip install -e ".[xgboost]"' in \
         done.stderr, done.stderr[-2000:]
