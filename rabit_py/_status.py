@@ -19,7 +19,8 @@ for a spare (W: its rank in ``MPI_COMM_WORLD``):
   (in the program's own code) or ``done``;
 - ``NAME.fatal``: the job cannot go on; first line ``restart`` (a restart from
   the durable checkpoint may help) or ``bug`` (it would not: the program must
-  change), then the reason;
+  change) and the time it was written (seconds since the epoch: the earliest
+  report is the cause), then the reason;
 - ``NAME.ok`` / ``NAME.failed``: how the engine ended, as the process exits
   (``failed`` holds the reason when one is known);
 - ``job.done``: every rank of the job reached ``finalize`` together (written
@@ -36,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import time
 from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 
 __all__ = ["Reporter", "Report", "read_reports", "job_done", "process_alive", "RESTART", "BUG",
@@ -98,7 +100,7 @@ class Reporter:
         """The job cannot go on (``RESTART`` or ``BUG``); the first report wins."""
         if self.folder is not None and not os.path.exists(
                 os.path.join(self.folder, f"{self.name}.fatal")):
-            self._write("fatal", f"{category}\n{reason}\n")
+            self._write("fatal", f"{category} {time.time():.6f}\n{reason}\n")
 
     def job_done(self, size: int) -> None:
         """Every rank of the job (``size`` ranks) reached ``finalize``
@@ -120,6 +122,7 @@ class Report:
     started_by: Optional[Tuple[int, str]] = None     # (pid, host) of the last process
     beat: Optional[Tuple[int, int, int, int, str, int, str, int, int]] = None
     fatal: Optional[Tuple[str, str]] = None      # (category, reason)
+    fatal_at: float = 0.0                        # when the fatal report was written
     ok: bool = False
     failed: Optional[str] = None                 # the reason ("" if none known)
 
@@ -171,8 +174,13 @@ def read_reports(folder: str) -> Dict[str, Report]:
             if kind == "failed":
                 report.failed = text.strip()
             elif kind == "fatal":
-                category, _, reason = text.partition("\n")
-                report.fatal = (category.strip(), reason.strip())
+                first, _, reason = text.partition("\n")
+                words = first.split()
+                report.fatal = (words[0] if words else "", reason.strip())
+                try:
+                    report.fatal_at = float(words[1])
+                except (IndexError, ValueError):
+                    report.fatal_at = 0.0
             else:
                 fields = text.split()
                 try:

@@ -149,7 +149,8 @@ def test_one_failing_rank_prints_its_traceback_once_and_one_line_per_other_rank(
     assert lines.count("ValueError: bad batch on rank 1 at round 2") == 1, out
     others = [line for line in lines if "rank 1 stopped the job" in line and "this is rank" in line]
     assert len(others) <= 3 and all(line.startswith("rabit_py: ") for line in others), out
-    assert "a bug: rank 1: uncaught ValueError: bad batch on rank 1 at round 2" in out
+    assert ("the job failed: ValueError on rank 1: bad batch on rank 1 at round 2. A bug in "
+            "the program, which a restart would repeat: not restarting it") in out, out
     assert len(lines) <= 12, f"{len(lines)} lines:\n{out}"
     # The debugging level shows every rank's traceback again, and
     # --mpi-banners Open MPI's messages.
@@ -193,3 +194,74 @@ def test_a_lazy_checkpoint_beside_a_full_one_is_a_mismatch_not_a_hang():
     assert code != 0
     assert "CollectiveMismatchError" in out, out[-4000:]
     assert "lazy_checkpoint on rank 0; checkpoint on rank 1" in out, out[-4000:]
+
+
+SHAPES = """
+import numpy as np, rabit_py as rabit
+
+def step(rank):
+    rabit.allreduce(np.ones(3 + rank), rabit.Op.SUM)
+
+rabit.init()
+step(rabit.get_rank())
+rabit.finalize()
+"""
+
+
+def test_an_error_every_rank_raises_reads_once():
+    # Issue 28: an uncaught shape mismatch on 4 ranks printed 124 lines: four
+    # tracebacks interleaved line by line, ~20 frames of rabit_py each, the
+    # message 9 times. Now: the program's frames, the message once, which
+    # ranks, one verdict (Note [one failure, read once]).
+    code, out = run(rabit_run(4, sys.executable, "-c", SHAPES), timeout=120)
+    assert code != 0
+    lines = _lines(out)
+    assert len(lines) <= 20, f"{len(lines)} lines:\n{out}"
+    assert out.count("Traceback (most recent call last)") == 1, out
+    assert '  File "<string>", line 8, in <module>' in lines, out       # the program's frames
+    assert '  File "<string>", line 5, in step' in lines, out
+    assert "rabit_py/" not in out.replace("rabit_py.errors", ""), out      # none of ours
+    assert out.count("shape: (3,) on rank 0; (4,) on rank 1; (5,) on rank 2; (6,) on rank 3") == 1
+    assert ("rabit_py.errors.CollectiveMismatchError (every rank): ranks disagree on "
+            "collective allreduce #0 (version 0):") in lines, out
+    verdicts = [line for line in lines if line.startswith("rabit-run: the job failed")]
+    assert verdicts == ["rabit-run: the job failed: CollectiveMismatchError on every rank: "
+                        "ranks disagree on collective allreduce #0 (version 0). A bug in the "
+                        "program, which a restart would repeat: not restarting it"], out
+    # Every rank's traceback at the debugging level.
+    code, out = run(rabit_run(4, sys.executable, "-c", SHAPES), timeout=120,
+                    env={"RABIT_LOG_LEVEL": "DEBUG"})
+    assert code != 0 and out.count("Traceback (most recent call last)") >= 2, out[-4000:]
+
+
+OUT_OF_STEP = """
+import sys, numpy as np, rabit_py as rabit
+rabit.init(engine="mpi", check=False, timeout=30)
+rank = rabit.get_rank()
+if rank == 0:
+    rabit.checkpoint({"v": 1})              # rank 0 checkpoints before the call ...
+if sys.argv[1] == "broadcast":
+    x = rabit.broadcast(np.arange(4.0) if rank == 0 else np.zeros(4), root=0)
+else:
+    x = rabit.allgather(np.full(2, float(rank)))
+if rank != 0:
+    rabit.checkpoint({"v": 1})              # ... the others after it
+print("RESULT", rank, x.tolist(), flush=True)
+rabit.finalize()
+"""
+
+
+@pytest.mark.parametrize("call", ["broadcast", "allgather"])
+def test_calls_out_of_step_fail_loudly_with_the_check_off(call):
+    # Note [call stamps]: a broadcast's header and an allgather's row counts
+    # carry the call's version and number, so a rank that receives another
+    # call's data raises instead of using it.
+    code, out = run(rabit_run(3, sys.executable, "-c", OUT_OF_STEP, call), timeout=120)
+    assert code != 0, out
+    assert "RESULT 1" not in out and "RESULT 2" not in out, out
+    assert "CollectiveMismatchError" in out, out
+    # A broadcast's receivers (version 0) see the root's stamp; an
+    # allgather's stamps reach every rank, and rank 0 (version 1) prints it.
+    assert re.search(rf"{call} #0 \(version (0|1)\) received the data of call #0 of "
+                     rf"version (1|0)", out), out
+    assert "the ranks' calls are out of step" in out, out

@@ -6,6 +6,8 @@ import json
 import os
 import sys
 
+import pytest
+
 from rabit_py import launcher
 from rabit_py.launcher import find_mpirun
 
@@ -108,9 +110,11 @@ def test_a_job_that_reports_it_cannot_go_on_is_ended_and_restarted(tmp_path, cap
                           "--restart-delay", "0", "--", "prog"])
     err = capsys.readouterr().err
     assert code == 0, err
-    assert "rank-0: rank 0: the local model of rank 1 is lost" in err
+    assert ("the job failed (the job reported that it cannot go on and did not end within "
+            "3 s)") not in err
     assert "did not end within" in err and "restart 1 of 1" in err
-    assert "restart 1: unrecoverable: rank 0: the local model of rank 1 is lost" in err
+    assert "restart 1: rank 0: the local model of rank 1 is lost" in err
+    assert err.count("the local model of rank 1 is lost") == 2, err     # verdict, summary
 
 def test_a_bug_report_is_not_restarted(tmp_path, capsys):
     fake = tmp_path / "mpirun"
@@ -125,7 +129,46 @@ def test_a_bug_report_is_not_restarted(tmp_path, capsys):
                           "--restart-delay", "0", "--", "prog"])
     assert code == 1
     assert count.read_text().count("x") == 1
-    assert "a bug: rank 0: uncaught ValueError: bad input" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert ("rabit-run: the job failed: rank 0: uncaught ValueError: bad input. A bug in the "
+            "program, which a restart would repeat: not restarting it") in err, err
+
+
+@pytest.mark.parametrize("bug_first", [False, True])
+def test_the_earliest_report_decides_the_verdict(tmp_path, capsys, bug_first):
+    # Issue 28: a RecoveryError (restartable) was called "a bug" because
+    # another rank's report, written after it, came first by name. The
+    # earliest report is the cause, whatever the ranks' names.
+    fake = tmp_path / "mpirun"
+    count = tmp_path / "count"
+    bug, fault = (1000.0, 2000.0) if bug_first else (2000.0, 1000.0)
+    fake.write_text(
+        "#!/bin/sh\n"
+        f"echo x >> {count}\n"
+        f"if [ $(wc -l < {count}) -ge 2 ]; then\n"
+        '  touch "$RABIT_RUN_STATUS_DIR/rank-0.started" "$RABIT_RUN_STATUS_DIR/rank-0.ok"\n'
+        '  touch "$RABIT_RUN_STATUS_DIR/rank-1.started" "$RABIT_RUN_STATUS_DIR/rank-1.ok"\n'
+        "  exit 0\n"
+        "fi\n"
+        f'printf "bug {bug}\\nUnpicklingError on rank 0: invalid load key\\n" > '
+        '"$RABIT_RUN_STATUS_DIR/rank-0.fatal"\n'
+        f'printf "restart {fault}\\nrank 1: the local model of rank 2 is lost\\n" > '
+        '"$RABIT_RUN_STATUS_DIR/rank-1.fatal"\n'
+        "exit 1\n")
+    fake.chmod(0o755)
+    code = launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--max-restarts", "1",
+                          "--restart-delay", "0", "--", "prog"])
+    err = capsys.readouterr().err
+    if bug_first:
+        assert code == 1 and count.read_text().count("x") == 1, err
+        assert ("the job failed: UnpicklingError on rank 0: invalid load key. A bug in the "
+                "program") in err, err
+        assert "local model" not in err, err
+    else:
+        assert code == 0 and count.read_text().count("x") == 2, err
+        assert ("the job failed (rank 1: the local model of rank 2 is lost); restart 1 of 1"
+                in err), err
+        assert "bug" not in err and "Unpickling" not in err, err
 
 def test_a_wedged_job_is_ended_and_restarted(tmp_path):
     # Rank 1 stops (SIGSTOP) inside an allreduce, so every living rank waits

@@ -5,11 +5,12 @@ The root decides the mode: an array is sent raw, in place where receivers pass a
 matching array, into a new array where they pass anything else; any other object
 is pickled. An array on a device is sent by the device transport (NCCL) in
 mode ``DEVICE`` with the same header, where the engine has one (Note [nccl
-backend] in ``rabit_py/gpu/_nccl.py``). The header is 8 int64s:
-``mode, payload bytes, dtype code, ndim`` and up to 4 dimensions (arrays of
-more dimensions send their shape in a second, rare, message). A root whose
-object cannot be pickled sends the error text as the payload with mode
-``ERROR``, so that every rank raises, not only the root.
+backend] in ``rabit_py/gpu/_nccl.py``). The header is 10 int64s:
+``mode, payload bytes, dtype code, ndim``, up to 4 dimensions (arrays of
+more dimensions send their shape in a second, rare, message), the call's
+stamp and the CRC-32C of a pickled payload (Note [call stamps] in
+``mpi.py``). A root whose object cannot be pickled sends the error text as
+the payload with mode ``ERROR``, so that every rank raises, not only the root.
 """
 
 from __future__ import annotations
@@ -18,16 +19,18 @@ import pickle
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
+from crc32c import crc32c
 
 from ..errors import CollectiveMismatchError, RabitError
 from ..ops import DTYPES, dtype_code
 
-__all__ = ["HEADER_LEN", "ARRAY", "OBJECT", "ERROR", "DEVICE", "root_header", "array_header",
-           "header_dtype", "inline_shape", "broadcast_array", "received_shape",
+__all__ = ["HEADER_LEN", "STAMP", "CHECK", "ARRAY", "OBJECT", "ERROR", "DEVICE", "root_header",
+           "array_header", "header_dtype", "inline_shape", "broadcast_array", "received_shape",
            "broadcast_device_array"]
 
-HEADER_LEN = 8
-INLINE_DIMS = HEADER_LEN - 4
+HEADER_LEN = 10
+INLINE_DIMS = 4
+STAMP, CHECK = 8, 9             # the header's slots for Note [call stamps] in mpi.py
 ARRAY, OBJECT, ERROR, DEVICE = 1, 2, 3, 4
 
 
@@ -41,7 +44,9 @@ def root_header(data: Any) -> Tuple[List[int], Optional[bytes], Optional[BaseExc
     except Exception as exc:  # pickling raises many types
         text = f"{type(data).__name__}: {type(exc).__name__}: {exc}".encode()
         return [ERROR, len(text)] + [0] * (HEADER_LEN - 2), text, exc
-    return [OBJECT, len(payload)] + [0] * (HEADER_LEN - 2), payload, None
+    header = [OBJECT, len(payload)] + [0] * (HEADER_LEN - 2)
+    header[CHECK] = crc32c(payload)
+    return header, payload, None
 
 
 def array_header(mode: int, shape: Tuple[int, ...], dtype: np.dtype) -> List[int]:
@@ -49,7 +54,7 @@ def array_header(mode: int, shape: Tuple[int, ...], dtype: np.dtype) -> List[int
     inline = list(shape) if len(shape) <= INLINE_DIMS else []
     nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     return ([mode, nbytes, dtype_code(np.dtype(dtype)), len(shape)]
-            + inline + [0] * (INLINE_DIMS - len(inline)))
+            + inline + [0] * (INLINE_DIMS - len(inline)) + [0, 0])
 
 
 def header_dtype(header: List[int]) -> np.dtype:

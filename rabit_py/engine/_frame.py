@@ -28,7 +28,8 @@ from .._status import RESTART, Reporter
 from ..config import Config
 from ..errors import (CollectiveMismatchError, CollectiveTimeoutError, PeerFailure, RabitError,
                       RecoveryError)
-from ._lifecycle import abort_job, end_job_on_uncaught
+from ._lifecycle import abort_job, end_job_on_uncaught, mark_every_rank
+from . import _control as control
 from ._signature import (N_FIELDS, Call, Kind, agrees, call_signature, call_values,
                          describe_mismatch, fill_vector, mismatched_fields)
 from ._watchdog import (FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, Position, Watchdog, announce,
@@ -176,14 +177,21 @@ class CallFrame:
             # exception ends the job) while slower ranks are still here; under
             # ULFM their collective then returned "success" with half-filled
             # buffers (seen: UnpicklingError, 2 runs in 21 on a loaded machine).
-            everyone = self.ctrl.allgather(mine.describe())
+            everyone = control.allgather(self.ctrl, mine.describe(), "check.mismatch")
             message = describe_mismatch(self.rank, mine, fields, everyone)
             if any(d["kind"] == "finalize" for d in everyone):
                 # A rank that finalized is gone: nothing more can be agreed with it.
                 self.broken = message
             if error is not None:
                 raise error
-            raise CollectiveMismatchError(message)
+            mismatch = CollectiveMismatchError(message)
+            if "status" in fields:
+                # Another rank's input was refused: that rank raises and
+                # prints its own error; this one only repeats it.
+                mismatch.secondary = True       # type: ignore[attr-defined]
+            else:
+                mark_every_rank(mismatch)       # the same agreed outcome everywhere
+            raise mismatch
         if error is not None:
             raise error
 
@@ -204,16 +212,21 @@ class CallFrame:
             # ended the job as a bug. A peer is gone: it is that.
             error_class = ERR_REVOKED if self.comm.Is_revoked() else ERR_PROC_FAILED
         lost = error_class in (ERR_PROC_FAILED, ERR_REVOKED)
-        if self.recovers and lost and not fired:
+        if lost and not fired and self.ulfm:
             notice = self.notice(wait=0.05 if error_class == ERR_REVOKED else 0.0)
             tag, sender = notice if notice is not None else (None, None)
             if tag == FATAL_NOTICE_TAG:
+                # Both engines: the revoke came from a rank that ends the job.
                 self.broken = (f"rank {self.rank}: rank {sender} stopped the job with an "
-                               f"uncaught exception (see its traceback); a replacement would "
-                               f"repeat the bug, so the job is not recovered")
+                               f"uncaught exception (see its traceback)"
+                               + ("; a replacement would repeat the bug, so the job is not "
+                                  "recovered" if self.recovers else ""))
                 error = RabitError(self.broken)
                 error.secondary = True      # type: ignore[attr-defined] # that rank reports it
                 return error
+        else:
+            tag = None
+        if self.recovers and lost and not fired:
             if tag != TIMEOUT_NOTICE_TAG:
                 if error_class == ERR_PROC_FAILED:
                     try:
@@ -230,7 +243,7 @@ class CallFrame:
                                            self._grace())
             if fired or any(p[3] for p in positions.values()):
                 self.broken = self._timeout_message(token, positions)
-                return CollectiveTimeoutError(self.broken)
+                return mark_every_rank(CollectiveTimeoutError(self.broken))
         if lost:
             failure = PeerFailure(
                 f"rank {self.rank}: a peer process failed during "
@@ -317,10 +330,10 @@ class CallFrame:
         """A peer's notice that it ends the job: (tag, its rank), or None."""
         return find_notice(self.ctrl, wait)
 
-    def end_job_on_uncaught(self, exc_type: Any, exc: BaseException) -> None:
+    def end_job_on_uncaught(self, exc_type: Any, exc: BaseException, told: bool = False) -> None:
         """The excepthook's end of the job (Note [uncaught errors] in _lifecycle.py)."""
         end_job_on_uncaught(exc_type, exc, self.rank, self.reporter, self.notice,
-                            lambda: self.announce(FATAL_NOTICE_TAG), self.comm)
+                            lambda: self.announce(FATAL_NOTICE_TAG), self.comm, told)
 
     def _timeout_message(self, token: tuple, positions: Dict[int, Position]) -> str:
         return timeout_message(self.rank, self.size, self.config.timeout, token, positions)

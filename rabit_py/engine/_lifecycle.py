@@ -16,6 +16,21 @@ notice before it aborts: revoking first would break the calls of ranks still
 on their way to raising (they would report a nameless failure), aborting
 first could kill the causing rank before rabit-run hears the cause, and
 announcing after the cause did would make the peers name this rank instead.
+
+# Note [one failure, read once]
+One failure should read once, however many ranks raise it. An error that
+every rank raises with the same meaning -- the outcome of an agreement: a
+mismatch found by the signature check, a timeout, ranks started with
+different settings, a durable checkpoint that cannot be loaded -- is marked
+``every_rank`` where it is made. Rank 0 prints it and reports it to
+rabit-run; the other ranks wait for its notice (as secondary errors do) and
+end quietly; if none comes (rank 0 caught the error), they print and report
+it themselves. An error that rabit_py raised is printed as the program's own
+frames and the message (rabit_py's frames, and the MPI errors under them,
+tell a user nothing); an error of the program's own code as Python prints
+it. ``RABIT_LOG_LEVEL=DEBUG`` prints every traceback of every rank; an
+excepthook that the program installed is called instead of ours. rabit-run's
+verdict names the earliest report (the cause), once.
 """
 
 from __future__ import annotations
@@ -30,23 +45,37 @@ from .._status import BUG, RESTART, Reporter
 from ..errors import CollectiveTimeoutError, RabitError
 
 __all__ = ["install_excepthook", "end_job_on_uncaught", "abort_job", "abort_init",
-           "is_restartable", "is_secondary", "SECONDARY_GRACE_S"]
+           "is_restartable", "is_secondary", "is_every_rank", "mark_every_rank",
+           "user_traceback", "cause_text", "SECONDARY_GRACE_S"]
 
 SECONDARY_GRACE_S = 5.0     # an uncaught secondary error waits this long for the cause
 
-Hook = Callable[[Any, BaseException], None]
+Hook = Callable[[Any, BaseException, bool], None]
 
 
-def install_excepthook(end_job: Hook, rank: int, verbose: bool = False) -> Tuple[Any, Any]:
-    """Make ``sys.excepthook`` print the error (:func:`error_printer`), then
-    call ``end_job(exc_type, exc)``. Returns the hook it replaced (to
-    restore) and the printer alone (for after the engine ended)."""
+def install_excepthook(end_job: Hook, rank: int, verbose: bool = False,
+                       wait_for_notice: Optional[Callable[[float], Any]] = None
+                       ) -> Tuple[Any, Any]:
+    """Make ``sys.excepthook`` print the error (:func:`error_printer`) and
+    call ``end_job(exc_type, exc, told)``. An error raised on every rank is
+    printed and reported by rank 0 only (Note [one failure, read once]): the
+    other ranks wait up to ``SECONDARY_GRACE_S`` for its notice
+    (``wait_for_notice``) and end quietly (``told`` True); without it (rank
+    0 caught the error) they print and report it themselves. Returns the
+    hook it replaced (to restore) and the printer alone (for after the
+    engine ended)."""
     previous = sys.excepthook
     printer = error_printer(previous, rank, verbose)
 
     def hook(exc_type: Any, exc: Any, tb: Any) -> None:
+        if (not verbose and rank != 0 and wait_for_notice is not None and is_every_rank(exc)
+                and wait_for_notice(SECONDARY_GRACE_S) is not None):
+            if previous is not sys.__excepthook__:
+                previous(exc_type, exc, tb)     # the program's own hook runs everywhere
+            end_job(exc_type, exc, True)
+            return
         printer(exc_type, exc, tb)
-        end_job(exc_type, exc)
+        end_job(exc_type, exc, False)
 
     sys.excepthook = hook
     return previous, printer
@@ -54,44 +83,73 @@ def install_excepthook(end_job: Hook, rank: int, verbose: bool = False) -> Tuple
 
 def error_printer(previous: Any, rank: int, verbose: bool = False) -> Any:
     """An excepthook that prints what a user needs of an uncaught error on
-    ``rank``: a bug's traceback (with ``previous``); for a secondary error
-    (Note [uncaught errors]) one line naming the rank that stopped the job;
-    for a fault (a lost peer, a timeout: a ``RabitError`` that a restart may
-    cure) one line with where the program was, not rabit_py's frames and the
-    MPI errors under them. ``verbose`` (``RABIT_LOG_LEVEL=DEBUG``): every
-    traceback in full."""
+    ``rank`` (Note [one failure, read once]): a secondary error as one line
+    naming the rank that stopped the job; a fault (a lost peer, a timeout: a
+    ``RabitError`` that a restart may cure) as one line with where the
+    program was; any other error that rabit_py raised as a traceback of the
+    program's own frames and the message once ("on every rank" when every
+    rank raised it); an error of the program's own code as Python prints it.
+    ``verbose`` (``RABIT_LOG_LEVEL=DEBUG``): every traceback in full. A
+    program that installed an excepthook of its own gets it called instead."""
 
     def printer(exc_type: Any, exc: Any, tb: Any) -> None:
-        if verbose:
-            previous(exc_type, exc, tb)
+        if verbose or previous is not sys.__excepthook__:
+            previous(exc_type, exc, tb)     # everything, or the program's own hook
         elif is_secondary(exc):
-            sys.stderr.write(f"rabit_py: {_without_rank(str(exc), rank)} (this is rank "
-                             f"{rank}; RABIT_LOG_LEVEL=DEBUG prints its traceback)\n")
+            sys.stderr.write(f"rabit_py: {_first_line(_without_rank(str(exc), rank))} (this is "
+                             f"rank {rank}; RABIT_LOG_LEVEL=DEBUG prints its traceback)\n")
         elif isinstance(exc, RabitError) and is_restartable(exc):
-            sys.stderr.write(f"rabit_py: rank {rank}: {exc_type.__name__}: "
+            sys.stderr.write(f"rabit_py: {_ranks_word(exc, rank)}: {exc_type.__name__}: "
                              f"{_without_rank(str(exc), rank)}{_where(tb)}\n")
+        elif _raised_by_rabit_py(tb):
+            sys.stderr.write(user_traceback(exc_type, exc, tb, rank))
         else:
             previous(exc_type, exc, tb)
 
     return printer
 
 
+def user_traceback(exc_type: Any, exc: BaseException, tb: Any, rank: int) -> str:
+    """The traceback of an error that rabit_py raised, as the program's
+    frames (rabit_py's own are left out) and the message without its
+    leading "rank N: ", naming the rank (or "every rank")."""
+    frames = [f for f in traceback.extract_tb(tb) if not _in_package(f.filename)]
+    name = f"{exc_type.__module__}.{exc_type.__qualname__}" \
+        if exc_type.__module__ not in ("builtins", "__main__") else exc_type.__qualname__
+    text = ["Traceback (most recent call last):\n"] if frames else []
+    text += traceback.format_list(frames)
+    text.append(f"{name} ({_ranks_word(exc, rank)}): {_without_rank(str(exc), rank)}\n")
+    return "".join(text)
+
+
+def cause_text(exc_type: Any, exc: BaseException, rank: int) -> str:
+    """One line for rabit-run's verdict: the error, where, and its first line."""
+    return (f"{exc_type.__name__} on {_ranks_word(exc, rank)}: "
+            f"{_first_line(_without_rank(str(exc), rank)).rstrip(':')}")
+
+
 def end_job_on_uncaught(exc_type: Any, exc: BaseException, rank: int, reporter: Reporter,
                         find_notice: Callable[[float], Optional[Tuple[int, int]]],
-                        announce: Callable[[], None], comm: Any) -> None:
+                        announce: Callable[[], None], comm: Any, told: bool = False) -> None:
     """End the job after an uncaught ``exc`` on ``rank`` (Note [uncaught
-    errors]): report or wait for the cause, tell the peers, abort ``comm``."""
-    told = None
-    if is_secondary(exc):
-        told = find_notice(SECONDARY_GRACE_S)
+    errors]): report or wait for the cause, tell the peers, abort ``comm``.
+    ``told``: the rank that reports the cause has told us already (an
+    every-rank error that rank 0 reported)."""
+    notice: Any = True if told else None
+    if told:
+        pass
+    elif is_secondary(exc):
+        notice = find_notice(SECONDARY_GRACE_S)
     else:
-        reporter.fatal(RESTART if is_restartable(exc) else BUG,
-                       f"rank {rank}: uncaught {exc_type.__name__}: {exc}")
-    if not is_secondary(exc):
-        sys.stderr.write(f"rabit_py: rank {rank}: uncaught {exc_type.__name__}; "
-                         f"aborting the job so the other ranks do not wait for it\n")
+        reporter.fatal(RESTART if is_restartable(exc) else BUG, cause_text(exc_type, exc, rank))
+        if is_every_rank(exc):
+            sys.stderr.write(f"rabit_py: every rank raised this {exc_type.__name__}; ending "
+                             f"the job\n")
+        elif not (isinstance(exc, RabitError) and is_restartable(exc)):
+            sys.stderr.write(f"rabit_py: rank {rank}: uncaught {exc_type.__name__}; "
+                             f"aborting the job so the other ranks do not wait for it\n")
     sys.stderr.flush()
-    if told is None:
+    if notice is None:
         announce()
     abort_job(comm, reporter)
 
@@ -108,9 +166,31 @@ def _where(tb: Any) -> str:
 
 
 def _without_rank(message: str, rank: int) -> str:
-    """``message`` without its leading "rank N: " (said once, at the end)."""
+    """``message`` without its leading "rank N: " (said once, elsewhere)."""
     prefix = f"rank {rank}: "
     return message[len(prefix):] if message.startswith(prefix) else message
+
+
+def _first_line(message: str) -> str:
+    return message.split("\n", 1)[0]
+
+
+def _ranks_word(exc: BaseException, rank: int) -> str:
+    return "every rank" if is_every_rank(exc) else f"rank {rank}"
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _in_package(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_PACKAGE + os.sep)
+
+
+def _raised_by_rabit_py(tb: Any) -> bool:
+    """Whether the innermost frame of a traceback is rabit_py's (the error is
+    rabit_py's: a refused input, a mismatch; not the program's own)."""
+    frames = traceback.extract_tb(tb)
+    return bool(frames) and _in_package(frames[-1].filename)
 
 
 def causes(exc: BaseException) -> List[BaseException]:
@@ -128,6 +208,19 @@ def is_restartable(exc: BaseException) -> bool:
     uncaught exception is a bug that a restart repeats."""
     return any(isinstance(e, (CollectiveTimeoutError, OSError))
                or getattr(e, "restartable", False) for e in causes(exc))
+
+
+def is_every_rank(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised on every rank with the same meaning (an
+    agreement's outcome: a mismatch, a timeout, different settings): one
+    rank prints it (Note [one failure, read once])."""
+    return any(getattr(e, "every_rank", False) for e in causes(exc))
+
+
+def mark_every_rank(exc: BaseException) -> BaseException:
+    """Mark ``exc`` as raised on every rank (:func:`is_every_rank`); returns it."""
+    exc.every_rank = True       # type: ignore[attr-defined]
+    return exc
 
 
 def is_secondary(exc: BaseException) -> bool:

@@ -29,6 +29,7 @@ from ._mpistart import MPI
 from .._status import BUG, RESTART
 from ..config import Config
 from ..errors import RecoveryError
+from . import _control as control
 from ._frame import CallFrame
 from ._join import JoinState, RepairTimes, Replacer, free_comm
 from ._lifecycle import abort_job
@@ -223,7 +224,8 @@ class Recovery:
         looping = self._crash_loop(dead)
         if looping is not None:
             raise self.give_up(looping)
-        holdings = shrunk.allgather(self.replicas.holding(False, has_version, has_local))
+        holdings = control.allgather(shrunk, self.replicas.holding(False, has_version, has_local),
+                                     "repair.holdings")
         owner = Replicas.lost(holdings, dead)
         if owner is not None:
             raise self.local_model_lost(owner, self.frame.version)

@@ -14,6 +14,7 @@ from ._mpistart import MPI
 
 from ..config import Config
 from ..ops import OPS, CustomOp, OpLike
+from . import _control as control
 from ._shm import SUPPORTED as SHM_SUPPORTED
 from ._shm import NodeReducer, host_groups
 
@@ -113,7 +114,7 @@ class HostReduce:
             else np.array(self.groups, dtype=np.int64)
         self._comm.Allreduce(MPI.IN_PLACE, known, op=MPI.MAX)
         if known[0] < 0:        # nobody knew (no start-up exchange): the hosts now
-            return host_groups(self._comm.allgather(MPI.Get_processor_name()),
+            return host_groups(control.allgather(self._comm, MPI.Get_processor_name(), "reduce.hosts"),
                                self._config.node_size)
         return [int(g) for g in known]
 

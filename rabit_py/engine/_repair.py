@@ -37,6 +37,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from ._mpistart import MPI
 
 from ..errors import RecoveryError
+from . import _control as control
 from ._join import JoinState, RepairTimes, Replacer, free_comm, spawn_command, spawn_info
 from ._spares import join_pool_as_spawned
 
@@ -87,7 +88,7 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
             log.debug("rank %d: repair attempt %d: shrinking", my_rank, attempt)
             shrunk = current.Shrink()
             shrunk.Set_errhandler(MPI.ERRORS_RETURN)
-            alive = shrunk.allgather(my_rank)
+            alive = control.allgather(shrunk, my_rank, "repair.alive")
             dead = sorted(set(range(size)) - set(alive))
             times.shrink += time.perf_counter() - t0
             if not dead:
@@ -133,7 +134,7 @@ class SpawnReplacer(Replacer):
         merged = inter.Merge(high=False)
         merged.Set_errhandler(MPI.ERRORS_RETURN)
         state = make_state(dead) if merged.Get_rank() == 0 else None
-        merged.bcast(state, root=0)
+        control.bcast(merged, state, 0, "repair.join_state")
         new = merged.Split(0, key=my_rank)
         new.Set_errhandler(MPI.ERRORS_RETURN)
         times.merge += time.perf_counter() - t0
@@ -183,7 +184,7 @@ def _join() -> Tuple[Optional["MPI.Intracomm"], int, JoinState, Any]:
         parent.Set_errhandler(MPI.ERRORS_RETURN)
         merged = parent.Merge(high=True)
         merged.Set_errhandler(MPI.ERRORS_RETURN)
-        state: JoinState = merged.bcast(None, root=0)
+        state: JoinState = control.bcast(merged, None, 0, "repair.join_state")
         index = merged.Get_rank() - parent.Get_remote_size()
         if state.spawned is not None:
             my_rank = state.spawned[index]

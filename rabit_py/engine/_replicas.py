@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._mpistart import MPI
 
+from . import _control as control
 from ._tags import LOCAL_MODEL_TAG
 from ._versions import Checkpoints
 
@@ -43,8 +44,8 @@ class Replicas:
         got: Dict[int, Optional[bytes]] = {}
         for i in range(1, min(self.copies, size - 1) + 1):
             src = (rank - i) % size
-            got[src] = comm.sendrecv(blob, dest=(rank + i) % size, sendtag=LOCAL_MODEL_TAG + i,
-                                     source=src, recvtag=LOCAL_MODEL_TAG + i)
+            got[src] = control.sendrecv(comm, blob, (rank + i) % size, src,
+                                        LOCAL_MODEL_TAG + i, "replicas.exchange")
         return got
 
     def none_held(self, rank: int, size: int) -> Dict[int, Optional[bytes]]:
@@ -73,11 +74,12 @@ class Replicas:
         requester to commit. Raises ``lost(owner)`` when a requester's local
         model is kept nowhere."""
         rank, size = comm.Get_rank(), comm.Get_size()
-        root = comm.allreduce(rank if has_version else size, op=MPI.MIN)
+        root = control.reduce_int(comm, rank if has_version else size, MPI.MIN)
         blob = checkpoints.global_bytes() if rank == root else None
-        blob = comm.bcast(blob, root=root)
-        holdings = comm.allgather(self.holding(requesting, has_version,
-                                               checkpoints.local_blob is not None))
+        blob = control.bcast(comm, blob, root, "replicas.global")
+        holdings = control.allgather(comm, self.holding(requesting, has_version,
+                                                        checkpoints.local_blob is not None),
+                                     "replicas.holdings")
         uses_local = any(h[3] for h in holdings)
         mine = checkpoints.local_blob
         for owner, (asks, owner_has_version, _, _) in enumerate(holdings):
@@ -89,7 +91,7 @@ class Replicas:
                     raise lost(owner)
                 continue
             if rank == holder:
-                comm.send(self.held[owner], dest=owner, tag=LOCAL_MODEL_TAG)
+                control.send(comm, self.held[owner], owner, LOCAL_MODEL_TAG, "replicas.serve")
             elif rank == owner:
-                mine = comm.recv(source=holder, tag=LOCAL_MODEL_TAG)
+                mine = control.recv(comm, holder, LOCAL_MODEL_TAG, "replicas.serve")
         return blob, mine

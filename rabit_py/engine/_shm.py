@@ -84,6 +84,7 @@ from mpi4py.util.dtlib import from_numpy_dtype
 
 from .._status import process_alive
 from ._mpistart import MPI
+from . import _control as control
 
 __all__ = ["NodeReducer", "SUPPORTED", "host_groups"]
 
@@ -142,8 +143,8 @@ class NodeReducer:
         #: The largest node: 1 means no rank shares a node (nothing to gain).
         self.max_node_size = max(collections.Counter(self.groups).values())
         # Note [fixed groups]: whether this group still shares one host.
-        self.colocated = bool(self.node.allreduce(int(self._shares_one_host()), op=MPI.MIN))
-        self.pids: List[int] = self.node.allgather(os.getpid())
+        self.colocated = bool(control.reduce_int(self.node, int(self._shares_one_host()), MPI.MIN))
+        self.pids: List[int] = control.allgather(self.node, os.getpid(), "shm.pids")
         self.chunk = max(_LINE, chunk_bytes // _LINE * _LINE)
         self._interrupted = interrupted or (lambda: None)
         self._seq = 0
@@ -186,7 +187,7 @@ class NodeReducer:
                 os.close(fd)
                 os.unlink(path)
                 raise
-        path = self.node.bcast(path, root=0)
+        path = control.bcast(self.node, path, 0, "shm.segment")
         if self.node_rank != 0:
             fd = os.open(path, os.O_RDWR)
         try:

@@ -52,11 +52,14 @@ import sys
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
+import numpy as np
+
 from ._mpistart import MPI
 
 from .._status import RESTART, Reporter
 from ..config import Config
 from ..errors import RecoveryError
+from . import _control as control
 from ._join import (JoinState, RepairTimes, Replacer, free_comm, is_replacement,
                     spawn_command, spawn_info)
 from ._lifecycle import abort_job
@@ -94,6 +97,7 @@ class SparePool(Replacer):
         self.pool = pool
         self.roles = roles
         self.target = target
+        self._pending_boxes: List[np.ndarray] = []
 
     @classmethod
     def start(cls, spares: int) -> Tuple["SparePool", Optional["MPI.Intracomm"]]:
@@ -133,8 +137,12 @@ class SparePool(Replacer):
         """On a spare: block until a worker dies (True: rebuild next) or the
         job ends (False: this spare was released)."""
         me = self.pool.Get_rank()
-        requests = {src: self.pool.irecv(source=src, tag=RELEASE_TAG)
-                    for src, role in enumerate(self.roles) if role >= 0 and src != me}
+        # Buffer messages: mpi4py's pickled irecv unpickles into a buffer of
+        # its own (Note [sealed messages] in _control.py).
+        boxes = {src: np.zeros(1, dtype=np.int64)
+                 for src, role in enumerate(self.roles) if role >= 0 and src != me}
+        requests = {src: self.pool.Irecv(box, source=src, tag=RELEASE_TAG)
+                    for src, box in boxes.items()}
         released = False
         try:
             # Note [release every worker]: a spare waits for the release of
@@ -145,7 +153,7 @@ class SparePool(Replacer):
             while requests:
                 for src, request in list(requests.items()):
                     try:
-                        done, _ = request.test()
+                        done = request.Test()
                     except MPI.Exception:
                         del requests[src]
                         log.debug("spare %d: worker at pool rank %d failed", me, src)
@@ -165,6 +173,9 @@ class SparePool(Replacer):
                     request.Free()
                 except Exception:  # noqa: BLE001 - a receive from a dead process
                     pass
+            # A freed receive may still be completed by MPI: its buffer lives
+            # as long as the pool.
+            self._pending_boxes.extend(boxes.values())
 
     # ------------------------------------------------------------ worker side
     def replace(self, shrunk: "MPI.Intracomm", my_rank: int, size: int, dead: List[int],
@@ -196,7 +207,7 @@ class SparePool(Replacer):
         for dest, role in enumerate(self.roles):
             if role < 0 and dest != me:
                 try:
-                    self.pool.send(None, dest=dest, tag=RELEASE_TAG)
+                    self.pool.Send(np.ones(1, dtype=np.int64), dest=dest, tag=RELEASE_TAG)
                 except MPI.Exception:
                     pass                # a dead spare needs no release
 
@@ -246,7 +257,8 @@ class SparePool(Replacer):
         shrunk = self.pool.Shrink()
         shrunk.Set_errhandler(MPI.ERRORS_RETURN)
         try:
-            gathered = shrunk.allgather((job_rank, size, lost, self.target))
+            gathered = control.allgather(shrunk, (job_rank, size, lost, self.target),
+                                        "spares.members")
             roles = [g[0] for g in gathered]
             workers = [i for i, r in enumerate(roles) if r >= 0]
             if not workers:
@@ -256,8 +268,9 @@ class SparePool(Replacer):
             size = gathered[leader][1]
             dead = sorted(set(range(size)) - set(roles))
             # The leader is a worker: it has make_state (spares pass None).
-            state: JoinState = shrunk.bcast(
-                make_state(dead) if shrunk.Get_rank() == leader else None, root=leader)
+            state: JoinState = control.bcast(
+                shrunk, make_state(dead) if shrunk.Get_rank() == leader else None, leader,
+                "spares.join_state")
             times.shrink += time.perf_counter() - t0
             reason = next((g[2] for g in gathered if g[2]), None)
             if reason:
@@ -277,7 +290,8 @@ class SparePool(Replacer):
                 times.spawn += time.perf_counter() - t0
                 pool = inter.Merge(high=False)
                 pool.Set_errhandler(MPI.ERRORS_RETURN)
-                pool.bcast(dataclasses.replace(state, spawned=spawned), root=0)
+                control.bcast(pool, dataclasses.replace(state, spawned=spawned), 0,
+                              "repair.join_state")
                 free_comm(inter)
                 times.spawning = []
             t0 = time.perf_counter()
@@ -298,7 +312,7 @@ class SparePool(Replacer):
                state: Optional[JoinState] = None) -> _Rebuilt:
         """Steps 4 and 5 of Note [spares]; also run by spawned replacements."""
         work = _work_comm(pool, job_rank)
-        roles = pool.allgather(job_rank)
+        roles = control.allgather(pool, job_rank, "spares.roles")
         pool.Agree(1)
         return _Rebuilt(pool, roles, work, job_rank, state)
 

@@ -12,6 +12,8 @@ from ._mpistart import MPI
 from .._status import BUG, Reporter
 from ..config import Config
 from ..errors import RabitError
+from ._lifecycle import mark_every_rank
+from . import _control as control
 
 __all__ = ["check_same_settings", "duplicates", "ulfm_enabled"]
 
@@ -31,7 +33,7 @@ def check_same_settings(comm: Any, config: Config) -> List[str]:
             ranks have which value.
     """
     mine = {k: v for k, v in dataclasses.asdict(config).items() if k not in _PER_RANK_SETTINGS}
-    gathered = comm.allgather((mine, MPI.Get_processor_name()))
+    gathered = control.allgather(comm, (mine, MPI.Get_processor_name()), "startup.settings")
     everyone = [g[0] for g in gathered]
     differ = []
     for name in mine:
@@ -50,7 +52,7 @@ def check_same_settings(comm: Any, config: Config) -> List[str]:
                    f"each)")
         # A restart would start the job the same way.
         Reporter.for_rank(config.run_status_dir, comm.Get_rank()).fatal(BUG, message)
-        raise RabitError(message)
+        raise mark_every_rank(RabitError(message))
     return [g[1] for g in gathered]
 
 

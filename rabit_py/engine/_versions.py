@@ -17,6 +17,8 @@ from ._mpistart import MPI
 from .._checkpoint import deserialize, serialize
 from .._store import DurableStore
 from ..errors import CheckpointError
+from . import _control as control
+from ._lifecycle import mark_every_rank
 from .base import CheckpointResult
 
 __all__ = ["Checkpoints", "NO_LAZY"]
@@ -87,14 +89,14 @@ class Checkpoints:
         except CheckpointError as exc:
             problem = str(exc)
         # Agree: the oldest of the ranks' newest versions; -1 if a rank failed.
-        agreed = comm.allreduce(-1 if problem else mine, op=MPI.MIN)
+        agreed = control.reduce_int(comm, -1 if problem else mine, MPI.MIN)
         if agreed >= 0 and rank == 0:
             # Before anyone writes again: a newer set would make pruning remove
             # the files of the versions this job now writes again.
             self.store.discard_after(agreed)
         if agreed < 0:
-            failed = comm.allgather(problem)
-            raise CheckpointError("; ".join(p for p in failed if p))
+            failed = control.allgather(comm, problem, "durable.problems")
+            raise mark_every_rank(CheckpointError("; ".join(p for p in failed if p)))
         if agreed == 0:
             return version
         blobs: Tuple[Optional[bytes], Optional[bytes]] = (None, None)
@@ -102,9 +104,9 @@ class Checkpoints:
             blobs = self.store.load(agreed)
         except CheckpointError as exc:
             problem = str(exc)
-        failed = comm.allgather(problem)
+        failed = control.allgather(comm, problem, "durable.problems")
         if any(failed):
-            raise CheckpointError("; ".join(p for p in failed if p))
+            raise mark_every_rank(CheckpointError("; ".join(p for p in failed if p)))
         self.commit(*blobs)
         log.warning("rank %d: resumed from durable checkpoint version %d in %s", rank,
                     agreed, self.store.folder)

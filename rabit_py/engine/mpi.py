@@ -7,6 +7,21 @@ checkpoints, and MPI errors turned into rabit_py exceptions (all of a call's
 framing is in ``_frame.py``). It does not recover from a dead peer: that
 raises ``RecoveryError`` (the robust engine builds its frame with
 ``recovers=True`` and repairs instead).
+
+# Note [call stamps]
+The messages of a call carry its *stamp* (version and call number, one
+int64) where they carry a header anyway: a broadcast's header and an
+allgather's row counts (one more int64 each, nothing measurable). A rank
+that receives another call's stamp raises ``CollectiveMismatchError`` (the
+engine is then broken): a program whose ranks make different calls with
+the signature check off, or a crossed message, fails loudly instead of
+mixing two calls' data. A broadcast's pickled object also carries its
+CRC-32C: bytes that differ from the root's are an interrupted call. An
+allreduce has no header (its result has no room for a stamp): the signature
+check (on by default) carries the stamp there, and a revoked communicator
+makes its result untrusted (Note [revoked success] in ``_frame.py``). The
+engine's own control messages are sealed (Note [sealed messages] in
+``_control.py``).
 """
 
 from __future__ import annotations
@@ -21,18 +36,21 @@ import numpy as np
 
 from ._mpistart import MPI
 
+from crc32c import crc32c
 from mpi4py.util.dtlib import from_numpy_dtype
 
 from .._checkpoint import serialize
 from .._status import Reporter
 from .._store import DurableStore
 from ..config import Config
-from ..errors import CheckpointError
+from ..errors import CheckpointError, CollectiveMismatchError
 from ..ops import OpLike, dtype_code
-from ._broadcast import (ARRAY, DEVICE, ERROR, HEADER_LEN, array_header, broadcast_array,
-                         broadcast_device_array, root_header)
+from . import _control as control
+from ._broadcast import OBJECT as PICKLED
+from ._broadcast import (ARRAY, CHECK, DEVICE, ERROR, HEADER_LEN, STAMP, array_header,
+                         broadcast_array, broadcast_device_array, root_header)
 from ._frame import ERR_PROC_FAILED, CallFrame
-from ._lifecycle import abort_init, install_excepthook
+from ._lifecycle import abort_init, install_excepthook, mark_every_rank
 from ._reduce import HostReduce
 from ._signature import OBJECT, Call, Kind
 from ._startup import check_same_settings, duplicates, ulfm_enabled
@@ -88,7 +106,6 @@ class MpiEngine(Engine):
             DurableStore(config.checkpoint_dir, frame.rank, frame.size, config.keep_checkpoints)
             if config.checkpoint_dir else None)
         self._header = np.zeros(HEADER_LEN, dtype=np.int64)
-        self._header_sent: Optional[list] = None   # what _header holds, if we sent it
         #: what the last broadcast carried, for the robust engine's result
         #: cache: the pickled bytes of an object (None for an array), and
         #: whether it was a device array
@@ -106,7 +123,8 @@ class MpiEngine(Engine):
         self._saved_excepthook = self._error_printer = None
         if frame.size > 1:
             self._saved_excepthook, self._error_printer = install_excepthook(
-                frame.end_job_on_uncaught, frame.rank, verbose=config.log_level == "DEBUG")
+                frame.end_job_on_uncaught, frame.rank, verbose=config.log_level == "DEBUG",
+                wait_for_notice=frame.notice)
         # At exit (after the program's own code, before MPI_Finalize): a rank
         # that leaves without finalize() (sys.exit, a return, the end of the
         # script) is finalized on its behalf, which tells its peers; then
@@ -129,7 +147,6 @@ class MpiEngine(Engine):
         and on the repaired communicators after a recovery)."""
         self.frame.use(comm, ctrl)
         self._reduce.use(comm)
-        self._header_sent = None    # the header buffer holds nothing sent on these
 
     # ------------------------------------------------------------------ info
     @property
@@ -228,8 +245,7 @@ class MpiEngine(Engine):
         try:
             if frame.size == 1:
                 return data.copy()
-            counts = np.empty(frame.size, dtype=np.int64)
-            frame.comm.Allgather(np.array([data.shape[0]], dtype=np.int64), counts)
+            counts = self._row_counts(data.shape[0])
             return transport.allgather(data, counts.tolist())
         except MPI.Exception as exc:
             raise frame.failure(exc) from exc
@@ -242,7 +258,7 @@ class MpiEngine(Engine):
         if self.frame.size == 1:
             return [obj]
         try:
-            return self.frame.comm.allgather(obj)
+            return control.allgather(self.frame.comm, obj, "side_allgather")
         except MPI.Exception as exc:
             raise self.frame.failure(exc) from exc
 
@@ -313,14 +329,14 @@ class MpiEngine(Engine):
                                     f"be pickled: {pickle_error}") from pickle_error
                 return data
             header = self._header
+            stamp = control.stamp(frame.token[1], frame.token[2])
             if is_root:
-                if values != self._header_sent:
-                    header[:] = values
-                    self._header_sent = values
-            else:
-                self._header_sent = None       # the Bcast below overwrites it
+                values[STAMP] = stamp
+                header[:] = values
             frame.comm.Bcast(header, root=root)
             h = header.tolist()
+            if h[STAMP] != stamp:
+                self._out_of_step("broadcast", root, stamp, [h[STAMP]])
             if h[0] == ARRAY:
                 return broadcast_array(frame.comm, frame.rank, data, h, root)
             if h[0] == DEVICE:
@@ -331,6 +347,12 @@ class MpiEngine(Engine):
                 payload = bytearray(h[1])
             frame.comm.Bcast([payload, MPI.BYTE], root=root)
             self.broadcast_payload = payload   # the robust engine caches these bytes
+            if not is_root:
+                frame.check_revoked()       # before unpickling what may be half a message
+                if h[0] == PICKLED and crc32c(payload) != h[CHECK]:
+                    raise control.InterruptedExchange(
+                        f"broadcast #{frame.token[2]} from root {root}: the object's bytes "
+                        f"differ from the root's (CRC-32C)")
         except MPI.Exception as exc:
             raise frame.failure(exc) from exc
         finally:
@@ -339,8 +361,6 @@ class MpiEngine(Engine):
             raise TypeError(f"rank {frame.rank}: broadcast from root {root}: the root's object "
                             f"cannot be pickled: {bytes(payload).decode(errors='replace')}"
                             ) from pickle_error
-        if not is_root:
-            frame.check_revoked()       # before unpickling what may be half a message
         return data if is_root else pickle.loads(payload)
 
     def allgather(self, data: np.ndarray) -> np.ndarray:
@@ -353,8 +373,7 @@ class MpiEngine(Engine):
             if frame.size == 1:
                 return data.copy()
             data = np.ascontiguousarray(data)
-            counts = np.empty(frame.size, dtype=np.int64)
-            frame.comm.Allgather(np.array([data.shape[0]], dtype=np.int64), counts)
+            counts = self._row_counts(data.shape[0])
             row = int(np.prod(data.shape[1:], dtype=np.int64))
             out = np.empty((int(counts.sum()),) + data.shape[1:], dtype=data.dtype)
             displs = np.zeros(frame.size, dtype=np.int64)
@@ -367,6 +386,38 @@ class MpiEngine(Engine):
             raise frame.failure(exc) from exc
         finally:
             frame.leave()
+
+    def _row_counts(self, rows: int) -> np.ndarray:
+        """Every rank's row count for an allgather, with the call's stamp
+        checked (Note [call stamps])."""
+        frame = self.frame
+        stamp = control.stamp(frame.token[1], frame.token[2])
+        pairs = np.empty((frame.size, 2), dtype=np.int64)
+        frame.comm.Allgather(np.array([rows, stamp], dtype=np.int64), pairs)
+        if (pairs[:, 1] != stamp).any():
+            self._out_of_step("allgather", None, stamp, pairs[:, 1].tolist())
+        return pairs[:, 0].copy()
+
+    def _out_of_step(self, what: str, root: Optional[int], mine: int, stamps: List[int]) -> None:
+        """Note [call stamps]: the data of another call arrived; the engine is
+        broken. An allgather's stamps reach every rank, so every rank raises
+        it; a broadcast's only the receivers (uncaught, it ends the job as any
+        error does)."""
+        frame = self.frame
+        if frame.ulfm:
+            frame.check_revoked()       # an interrupted call: the failure, not this
+        version, seqno = control.stamp_parts(mine)
+        others = sorted({s for s in stamps if s != mine})
+        theirs = "; ".join(f"call #{q} of version {v}"
+                           for v, q in map(control.stamp_parts, others))
+        frame.broken = (
+            f"rank {frame.rank}: {what} #{seqno} (version {version}) received the data of "
+            f"{theirs}{'' if root is None else f' from root {root}'}: the ranks' calls are "
+            f"out of step (a rank made a call that the others did not make; the signature "
+            f"check, RABIT_CHECK=1, names the call) or a message crossed; the engine cannot "
+            f"go on")
+        error = CollectiveMismatchError(frame.broken)
+        raise mark_every_rank(error) if root is None else error
 
     # ------------------------------------------------------------ checkpoints
     def checkpoint(self, global_model: Any, local_model: Any = None) -> None:

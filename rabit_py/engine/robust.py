@@ -63,8 +63,10 @@ from ._mpistart import MPI
 
 from .._checkpoint import deserialize, serialize
 from ..config import Config
-from ..errors import CheckpointError, CollectiveMismatchError, PeerFailure, RecoveryError
+from ..errors import (CheckpointError, CollectiveMismatchError, PeerFailure, RabitError,
+                      RecoveryError)
 from ..ops import OpLike, op_code
+from . import _control as control
 from ._cache import BOOT, Entry, ResultCache, code_key, default_budget, key_code
 from ._enter import enter_job
 from ._recovery import Recovery
@@ -513,10 +515,11 @@ class RobustEngine(MpiEngine):
             self._serve_checkpoint(key is None, max_version)
             return (_SERVED if key is None else _WAIT), None
         wanted = code_key(min_code)
-        holder = comm.allreduce(self.frame.rank if wanted in self._cache else -1, op=MPI.MAX)
+        holder = control.reduce_int(comm, self.frame.rank if wanted in self._cache else -1,
+                                    MPI.MAX)
         if holder >= 0:
-            entry = comm.bcast(self._cache.get(wanted) if self.frame.rank == holder else None,
-                               root=holder)
+            entry = control.bcast(comm, self._cache.get(wanted) if self.frame.rank == holder
+                                  else None, holder, "round.result")
             return (_SERVED, entry) if code == min_code else (_WAIT, None)
         if max_code != min_code:
             raise self.recovery.give_up(RecoveryError(
@@ -544,7 +547,18 @@ class RobustEngine(MpiEngine):
     # ------------------------------------------------------------ failures
     def _recover(self) -> None:
         """Repair the communicators and enter recovery mode (Note [repair])."""
-        self.use(*self.recovery.repair(self._has_version,
-                                       self.checkpoints.local_blob is not None))
+        try:
+            comms = self.recovery.repair(self._has_version,
+                                         self.checkpoints.local_blob is not None)
+        except RabitError:
+            raise
+        except Exception as exc:
+            # rabit_py's own repair failed after a fault: not the program's
+            # bug, and a restart from the durable checkpoint may do.
+            raise self.recovery.give_up(RecoveryError(
+                f"rank {self.frame.rank}: repairing the job after a lost peer failed "
+                f"({type(exc).__name__}: {exc}); the job must restart from a durable "
+                f"checkpoint")) from exc
+        self.use(*comms)
         self.frame.membership += 1
         self._recovering = True

@@ -66,8 +66,9 @@ def run_with_restarts(launch: Launch, max_restarts: int, delay: float,
             failed_time += time.monotonic() - began
             reasons.append(outcome.why)
             if not outcome.restartable:
-                print(f"rabit-run: the job failed: {outcome.why}; not restarting it (a "
-                      f"restart would repeat it)", file=sys.stderr, flush=True)
+                print(f"rabit-run: the job failed: {outcome.why}. A bug in the program, which "
+                      f"a restart would repeat: not restarting it", file=sys.stderr,
+                      flush=True)
                 break
             if attempt >= max_restarts:
                 if max_restarts:

@@ -234,7 +234,7 @@ class Attempt:
         ranks = {n: r for n, r in reports.items() if n.startswith("rank-")}
         watch.count(ranks)      # the last beats, written at exit
         clean = sum(1 for r in ranks.values() if r.ok and r.failed is None)
-        fatal = {n: r.fatal for n, r in reports.items() if r.fatal}
+        fatal = {n: r for n, r in reports.items() if r.fatal}
         failed = any(r.failed is not None for r in ranks.values())
         # Note [several hosts] in _command.py: ranks on hosts that cannot see
         # the status folder report nothing; the ranks that can see it say
@@ -257,9 +257,12 @@ class Attempt:
             outcome.code = 0
             return outcome
         if fatal:
-            outcome.restartable = all(category != BUG for category, _ in fatal.values())
-            first = sorted(fatal.items())[0][1][1]
-            outcome.why = ("a bug: " if not outcome.restartable else "unrecoverable: ") + first
+            # The earliest report is the cause; later ones are its consequences
+            # (a peer that a bug's abort killed, a recovery it made impossible).
+            _, first = min(fatal.items(), key=lambda item: (item[1].fatal_at, item[0]))
+            category, reason = first.fatal           # type: ignore[misc]
+            outcome.restartable = category != BUG
+            outcome.why = reason
         elif stopped is not None:
             outcome.why = stopped
         if stopped is not None:
@@ -384,11 +387,9 @@ class _Watch:
         reports = read_reports(self.attempt.status_dir)
         ranks = {n: r for n, r in reports.items() if n.startswith("rank-")}
         self.count(ranks)
-        # (a) a process reported that the job cannot go on.
-        fatal = sorted((n, r.fatal) for n, r in reports.items() if r.fatal)
-        if fatal:
-            for name, (category, reason) in fatal:
-                self.attempt._say(f"rabit-run: {name}: {reason}")
+        # (a) a process reported that the job cannot go on (the verdict
+        # names the cause once the attempt is over).
+        if any(r.fatal for r in reports.values()):
             self.fatal_since = self.fatal_since or now
             if now - self.fatal_since > FATAL_GRACE_S:
                 return (f"the job reported that it cannot go on and did not end within "
