@@ -18,8 +18,9 @@ for a spare (W: its rank in ``MPI_COMM_WORLD``):
   ranks listed in SPAWNING, comma-separated; ``-`` in other states), ``user``
   (in the program's own code) or ``done``;
 - ``NAME.fatal``: the job cannot go on; first line ``restart`` (a restart from
-  the durable checkpoint may help) or ``bug`` (it would not: the program must
-  change) and the time it was written (seconds since the epoch: the earliest
+  the durable checkpoint may help), ``bug`` (it would not: the program must
+  change) or ``setup`` (the job cannot start as it is set up: ranks with
+  different settings, an unusable checkpoint folder) and the time it was written (seconds since the epoch: the earliest
   report is the cause), then the reason;
 - ``NAME.ok`` / ``NAME.failed``: how the engine ended, as the process exits
   (``failed`` holds the reason when one is known);
@@ -40,7 +41,7 @@ import socket
 import time
 from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 
-__all__ = ["Reporter", "Report", "read_reports", "job_done", "process_alive", "RESTART", "BUG",
+__all__ = ["Reporter", "Report", "read_reports", "job_done", "process_alive", "RESTART", "BUG", "SETUP",
            "STATES", "STATUS_DIR_VARIABLE"]
 
 #: The variable that gives the job the folder (read into Config.run_status_dir).
@@ -48,6 +49,7 @@ STATUS_DIR_VARIABLE = "RABIT_RUN_STATUS_DIR"
 
 RESTART = "restart"
 BUG = "bug"
+SETUP = "setup"
 STATES = ("call", "repair", "spawn", "user", "done")
 
 
@@ -97,7 +99,8 @@ class Reporter:
                             f"{self._host} {recoveries} {replaced} {spawned}\n")
 
     def fatal(self, category: str, reason: str) -> None:
-        """The job cannot go on (``RESTART`` or ``BUG``); the first report wins."""
+        """The job cannot go on (``RESTART``, ``BUG`` or ``SETUP``); the first
+        report of a process wins."""
         if self.folder is not None and not os.path.exists(
                 os.path.join(self.folder, f"{self.name}.fatal")):
             self._write("fatal", f"{category} {time.time():.6f}\n{reason}\n")

@@ -200,6 +200,35 @@ def read_file(path: str, version: int) -> Tuple[Optional[bytes], int]:
     return (data if has else None), world
 
 
+def folder_problem(folder: str) -> Optional[str]:
+    """Why ``folder`` cannot hold checkpoints (it is a file, or it cannot be
+    created or written), or None. Creates nothing that stays: a missing
+    folder is judged by its nearest existing parent, an existing one by
+    writing and removing a probe file."""
+    folder = os.path.abspath(folder)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        return f"the checkpoint folder {folder} is a file, not a folder"
+    if not os.path.isdir(folder):
+        parent = os.path.dirname(folder)
+        while not os.path.exists(parent) and parent != os.path.dirname(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            return f"the checkpoint folder {folder} cannot be made: {parent} is a file"
+        if not os.access(parent, os.W_OK | os.X_OK):
+            return (f"the checkpoint folder {folder} cannot be made: {parent} is not "
+                    f"writable by this user")
+        return None
+    probe = os.path.join(folder, f".rabit-probe-{os.getpid()}-{threading.get_ident()}")
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"x")
+        os.unlink(probe)
+    except OSError as exc:
+        return (f"the checkpoint folder {folder} is not writable "
+                f"({exc.strerror or exc})")
+    return None
+
+
 class DurableStore:
     """Versions of the checkpoint on disk (Note [durable store]).
 
@@ -214,13 +243,19 @@ class DurableStore:
             raise ValueError(f"keep={keep} must be >= 1")
         self.folder = os.path.abspath(folder)
         self.rank, self.world_size, self.keep = rank, world_size, keep
+        problem = folder_problem(self.folder)
         try:
-            if not os.path.isdir(self.folder):
+            if problem is None and not os.path.isdir(self.folder):
                 os.makedirs(self.folder, exist_ok=True)
                 _fsync_dir(os.path.dirname(self.folder))   # the new folder itself
+                problem = folder_problem(self.folder)
         except OSError as exc:
-            raise CheckpointError(f"rank {rank}: cannot create the checkpoint folder "
-                                  f"{self.folder}: {exc}") from exc
+            problem = f"cannot create the checkpoint folder {self.folder}: {exc}"
+        if problem is not None:
+            # Found here, not at the first write: a job must not compute for
+            # an hour and then find that it cannot save.
+            raise CheckpointError(f"rank {rank}: {problem} (RABIT_CHECKPOINT_DIR, "
+                                  f"rabit-run --checkpoint-dir)")
         self._queue: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self._error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._run, name="rabit-checkpoint-writer",

@@ -57,11 +57,31 @@ def init(engine: str = "auto", comm: Optional[Any] = None, **config: Any) -> Non
     if _engine is not None:
         raise RabitError("rabit_py is already initialized in this process; "
                          "call rabit.finalize() before init() again")
-    cfg = Config.from_env(engine=None if engine == "auto" else engine, **config)
+    try:
+        cfg = Config.from_env(engine=None if engine == "auto" else engine, **config)
+    except (TypeError, ValueError) as exc:
+        _read_once(exc, every_rank=True)    # the same program and settings everywhere
+        raise
     cfg.apply_logging()
-    _engine = _make_engine(cfg, comm)
+    try:
+        _engine = _make_engine(cfg, comm)
+    except Exception as exc:
+        _read_once(exc)
+        raise
     log.debug("rank %d/%d: %s started", _engine.rank, _engine.world_size,
               type(_engine).__name__)
+
+
+def _read_once(exc: BaseException, every_rank: bool = False) -> None:
+    """An error of ``init`` that every rank raises (a bad setting, ranks with
+    different settings, an unusable checkpoint folder) is printed once if
+    left uncaught (Note [one failure, read once] in ``engine/_lifecycle.py``)."""
+    from .engine._lifecycle import is_every_rank, launched_rank, mark_every_rank, print_once
+
+    if every_rank:
+        mark_every_rank(exc)
+    if is_every_rank(exc):
+        print_once(exc, launched_rank())
 
 
 def _make_engine(cfg: Config, comm: Optional[Any]) -> Engine:

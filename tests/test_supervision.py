@@ -107,7 +107,7 @@ def test_a_job_that_reports_it_cannot_go_on_is_ended_and_restarted(tmp_path, cap
         "sleep 300 &\nwait\n")
     fake.chmod(0o755)
     code = launcher.main(["-n", "1", "--no-ft", "--mpirun", str(fake), "--max-restarts", "1",
-                          "--restart-delay", "0", "--", "prog"])
+                          "--restart-delay", "0", "--", "true"])
     err = capsys.readouterr().err
     assert code == 0, err
     assert ("the job failed (the job reported that it cannot go on and did not end within "
@@ -126,7 +126,7 @@ def test_a_bug_report_is_not_restarted(tmp_path, capsys):
                     "exit 1\n")
     fake.chmod(0o755)
     code = launcher.main(["-n", "1", "--no-ft", "--mpirun", str(fake), "--max-restarts", "3",
-                          "--restart-delay", "0", "--", "prog"])
+                          "--restart-delay", "0", "--", "true"])
     assert code == 1
     assert count.read_text().count("x") == 1
     err = capsys.readouterr().err
@@ -157,7 +157,7 @@ def test_the_earliest_report_decides_the_verdict(tmp_path, capsys, bug_first):
         "exit 1\n")
     fake.chmod(0o755)
     code = launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--max-restarts", "1",
-                          "--restart-delay", "0", "--", "prog"])
+                          "--restart-delay", "0", "--", "true"])
     err = capsys.readouterr().err
     if bug_first:
         assert code == 1 and count.read_text().count("x") == 1, err
@@ -271,7 +271,7 @@ def test_a_death_during_a_spawn_ends_the_job_at_once(tmp_path, capsys):
         "wait\n")
     fake.chmod(0o755)
     code = launcher.main(["-n", "4", "--no-ft", "--mpirun", str(fake), "--max-restarts", "1",
-                          "--restart-delay", "0", "--", "prog"])
+                          "--restart-delay", "0", "--", "true"])
     err = capsys.readouterr().err
     assert code == 0, err
     assert ("rank(s) 3 died while the job was starting processes for rank(s) 1; Open MPI "

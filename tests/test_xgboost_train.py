@@ -191,8 +191,8 @@ def test_bad_parameters_end_the_job_with_training_error_on_every_rank():
     assert code != 0
     # Every rank raises it; the first one uncaught ends the job (the others
     # may be stopped before they print theirs).
-    assert re.search(r"TrainingError: rank \d: training stopped at round 0: rank 0 failed 3 "
-                     r"times in a row, not because a peer was lost: XGBoostError: .*max_depth",
+    assert re.search(r"TrainingError \(rank \d\): training stopped at round 0: rank 0 failed "
+                     r"3 times in a row, not because a peer was lost: XGBoostError: .*max_depth",
                      out), out[-6000:]
     assert "not restarting it" in out, out[-6000:]
 
@@ -202,7 +202,8 @@ def test_an_error_in_one_ranks_data_ends_the_job_with_its_message():
                     timeout=120, env=ENV)
     assert code != 0
     assert "ValueError: this rank's data file is unreadable" in out, out[-6000:]
-    assert "the job failed: a bug: rank 2: uncaught ValueError" in out, out[-6000:]
+    assert ("the job failed: ValueError on rank 2: this rank's data file is unreadable. A bug "
+            "in the program" in out), out[-6000:]
     # Every other rank names rank 2: in TrainingError, or (one still inside
     # the last call when rank 2 ends the job) in the engine's error.
     # One line each (a secondary error prints no traceback of its own).

@@ -46,7 +46,8 @@ from ..errors import CollectiveTimeoutError, RabitError
 
 __all__ = ["install_excepthook", "end_job_on_uncaught", "abort_job", "abort_init",
            "is_restartable", "is_secondary", "is_every_rank", "mark_every_rank",
-           "user_traceback", "cause_text", "SECONDARY_GRACE_S"]
+           "user_traceback", "cause_text", "print_once", "launched_rank",
+           "SECONDARY_GRACE_S"]
 
 SECONDARY_GRACE_S = 5.0     # an uncaught secondary error waits this long for the cause
 
@@ -107,6 +108,35 @@ def error_printer(previous: Any, rank: int, verbose: bool = False) -> Any:
             previous(exc_type, exc, tb)
 
     return printer
+
+
+def print_once(exc: BaseException, rank: int) -> None:
+    """``exc`` is on its way out of ``init`` on every rank (a bad setting,
+    ranks started with different settings, an unusable checkpoint folder),
+    before an engine (and its excepthook) exists: if it is left uncaught,
+    rank 0 prints it as :func:`user_traceback`, the other ranks nothing
+    (Note [one failure, read once]). Any other error is printed as before."""
+    previous = sys.excepthook
+    verbose = os.environ.get("RABIT_LOG_LEVEL", "").upper() == "DEBUG"
+
+    def hook(exc_type: Any, value: Any, tb: Any) -> None:
+        if value is not exc or verbose or previous is not sys.__excepthook__:
+            previous(exc_type, value, tb)
+        elif rank == 0:
+            sys.stderr.write(user_traceback(exc_type, value, tb, rank))
+            sys.stderr.flush()
+
+    sys.excepthook = hook
+
+
+def launched_rank() -> int:
+    """This process's rank in the launched job, from the launcher's
+    variables (0 for a process started alone): known before MPI starts."""
+    for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
 
 
 def user_traceback(exc_type: Any, exc: BaseException, tb: Any, rank: int) -> str:

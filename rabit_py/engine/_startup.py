@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Tuple
 
 from ._mpistart import MPI
 
-from .._status import BUG, Reporter
+from .._status import SETUP, Reporter
 from ..config import Config
 from ..errors import RabitError
 from ._lifecycle import mark_every_rank
@@ -51,7 +51,7 @@ def check_same_settings(comm: Any, config: Config) -> List[str]:
                    f"forward the variables (rabit-run does; with mpirun add -x RABIT_NAME for "
                    f"each)")
         # A restart would start the job the same way.
-        Reporter.for_rank(config.run_status_dir, comm.Get_rank()).fatal(BUG, message)
+        Reporter.for_rank(config.run_status_dir, comm.Get_rank()).fatal(SETUP, message)
         raise mark_every_rank(RabitError(message))
     return [g[1] for g in gathered]
 

@@ -40,7 +40,7 @@ from crc32c import crc32c
 from mpi4py.util.dtlib import from_numpy_dtype
 
 from .._checkpoint import serialize
-from .._status import Reporter
+from .._status import SETUP, Reporter
 from .._store import DurableStore
 from ..config import Config
 from ..errors import CheckpointError, CollectiveMismatchError
@@ -102,9 +102,7 @@ class MpiEngine(Engine):
                      if check_settings and frame.size > 1 else None)
         self._reduce.set_hosts(hosts)
         frame.check = config.check and frame.size > 1
-        self.checkpoints = Checkpoints(
-            DurableStore(config.checkpoint_dir, frame.rank, frame.size, config.keep_checkpoints)
-            if config.checkpoint_dir else None)
+        self.checkpoints = Checkpoints(self._open_store(config, agree=check_settings))
         self._header = np.zeros(HEADER_LEN, dtype=np.int64)
         #: what the last broadcast carried, for the robust engine's result
         #: cache: the pickled bytes of an object (None for an array), and
@@ -135,6 +133,43 @@ class MpiEngine(Engine):
         if frame.watchdog is not None and not frame.ulfm:
             log.debug("rank %d: no MPI fault tolerance: a timeout aborts the job "
                       "(launch with rabit-run to get CollectiveTimeoutError instead)", frame.rank)
+
+    def _open_store(self, config: Config, agree: bool) -> Optional[DurableStore]:
+        """The durable store. At the job's start (``agree``) every rank opens
+        it together (collective): a folder that a rank cannot use is a set-up
+        error raised on every rank at ``init``, not at the first checkpoint
+        an hour later. A replacement opens it alone (the survivors are in
+        their recovery rounds) and raises its own error.
+
+        Raises:
+            CheckpointError: on every rank, naming the folder and the problem.
+        """
+        if not config.checkpoint_dir:
+            return None
+        frame = self.frame
+        store: Optional[DurableStore] = None
+        problem: Optional[str] = None
+        try:
+            store = DurableStore(config.checkpoint_dir, frame.rank, frame.size,
+                                 config.keep_checkpoints)
+        except CheckpointError as exc:
+            problem = str(exc)
+        if not agree and problem is not None:
+            raise CheckpointError(problem)
+        problems = ([problem] if frame.size == 1 or not agree else
+                    control.allgather(frame.comm, problem, "startup.store"))
+        if not any(problems):
+            return store
+        if store is not None:
+            store.close()
+        ranks: dict = {}
+        for r, text in enumerate(problems):
+            if text:
+                ranks.setdefault(text.split(": ", 1)[-1], []).append(r)
+        message = "; ".join(f"{text} (on rank{'s' if len(rs) > 1 else ''} "
+                            f"{','.join(map(str, rs))})" for text, rs in ranks.items())
+        Reporter.for_rank(config.run_status_dir, frame.rank).fatal(SETUP, message)
+        raise mark_every_rank(CheckpointError(message))
 
     def _adopt(self, base: Any) -> None:
         """Run on duplicates of ``base`` (a collective call on it)."""

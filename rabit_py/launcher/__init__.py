@@ -37,6 +37,7 @@ from ._command import Launch, build_command, find_mpirun, make_parser, on_one_no
 from ._hosts import host_list, reachable_hosts
 from ._processes import forwarded
 from ._restarts import MAX_WAIT_S, run_with_restarts
+from ._setup import setup_problem
 from ._supervisor import STATUS_DIR_VARIABLE
 
 __all__ = ["main", "find_mpirun", "build_command", "split_args", "host_list",
@@ -62,6 +63,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.checkpoint_dir:
         env["RABIT_CHECKPOINT_DIR"] = os.path.abspath(args.checkpoint_dir)
     one_node = on_one_node(passthrough)
+    problem = None if args.dry_run else setup_problem(program, env, one_node)
+    if problem is not None:
+        print(f"rabit-run: the job cannot start: {problem}; nothing was started",
+              file=sys.stderr)
+        return 2
     status_parent = args.status_dir
     if status_parent is None and not one_node and args.checkpoint_dir:
         status_parent = os.path.join(env["RABIT_CHECKPOINT_DIR"], ".rabit-run")

@@ -31,7 +31,7 @@ def _run(launch: Launch, env: Dict[str, str]) -> Outcome:
     for tries in range(_LAUNCH_TRIES):
         outcome = Attempt(launch.cmd, launch.ranks, env, launch.stall_timeout,
                           launch.private_dirs, launch.status_parent, launch.forward_env,
-                          launch.quiet_banners).run()
+                          launch.quiet_banners, one_host=launch.hosts is None).run()
         if (outcome.code != LAUNCH_FAILED or outcome.interrupted or outcome.started
                 or tries == _LAUNCH_TRIES - 1):
             return outcome
@@ -66,7 +66,9 @@ def run_with_restarts(launch: Launch, max_restarts: int, delay: float,
             failed_time += time.monotonic() - began
             reasons.append(outcome.why)
             if not outcome.restartable:
-                print(f"rabit-run: the job failed: {outcome.why}. A bug in the program, which "
+                print(f"rabit-run: the job cannot start: {outcome.why}; not restarting it (a "
+                      f"restart would fail the same way)" if outcome.setup else
+                      f"rabit-run: the job failed: {outcome.why}. A bug in the program, which "
                       f"a restart would repeat: not restarting it", file=sys.stderr,
                       flush=True)
                 break

@@ -61,7 +61,8 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from ._output import pump
 from ._processes import descendants, forwarded, is_stopped, kill_tree, start_time
-from .._status import STATUS_DIR_VARIABLE, BUG, Report, job_done, process_alive, read_reports
+from .._status import (BUG, SETUP, STATUS_DIR_VARIABLE, Report, job_done, process_alive,
+                       read_reports)
 
 __all__ = ["Attempt", "Outcome", "descendants", "kill_tree", "forwarded", "STATUS_DIR_VARIABLE"]
 
@@ -86,6 +87,7 @@ class Outcome:
     interrupted: bool = False        # the user stopped it (Ctrl-C, SIGTERM)
     why: str = ""                    # why it failed, for the summary ("" = it did not)
     restartable: bool = True         # whether a restart may help
+    setup: bool = False              # the job could not start as set up (not restartable)
     started: bool = False            # whether any rank started
     recoveries: int = 0              # in-job recoveries the ranks reported
     replaced: int = 0                # processes that replaced a dead rank in the job
@@ -109,14 +111,18 @@ class Attempt:
             variable (and ``PYTHONPATH``), the status folder's included.
         quiet_banners: leave Open MPI's banners that repeat what rabit_py
             says out of the job's stderr (Note [quiet banners] in _output.py).
+        one_host: the job runs on this host only: a job whose ranks all
+            ended before rabit_py started is a set-up error (on several
+            hosts it may be a host that could not be reached).
     """
 
     def __init__(self, cmd: List[str], ranks: int, env: Dict[str, str],
                  stall_timeout: Optional[float] = None, private_dirs: bool = True,
                  status_parent: Optional[str] = None, forward_env: bool = False,
-                 quiet_banners: bool = True) -> None:
+                 quiet_banners: bool = True, one_host: bool = True) -> None:
         self.cmd, self.ranks = cmd, ranks
         self.quiet_banners = quiet_banners
+        self.one_host = one_host
         self.stall_timeout = stall_timeout
         self.status_dir = tempfile.mkdtemp(prefix="rabit-run-", dir=status_parent)
         self.env = {**env, STATUS_DIR_VARIABLE: self.status_dir}
@@ -261,10 +267,18 @@ class Attempt:
             # (a peer that a bug's abort killed, a recovery it made impossible).
             _, first = min(fatal.items(), key=lambda item: (item[1].fatal_at, item[0]))
             category, reason = first.fatal           # type: ignore[misc]
-            outcome.restartable = category != BUG
+            outcome.restartable = category not in (BUG, SETUP)
+            outcome.setup = category == SETUP
             outcome.why = reason
         elif stopped is not None:
             outcome.why = stopped
+        elif (self.one_host and not outcome.started and 0 < code < 128
+              and code != LAUNCH_FAILED):
+            # No rank got as far as rabit_py: a missing file, an import error,
+            # a bad setting -- what a restart would repeat.
+            outcome.restartable, outcome.setup = False, True
+            outcome.why = (f"the program ended with exit status {code} before any rank "
+                           f"started rabit_py (its error is above)")
         if stopped is not None:
             outcome.code = 1            # we ended it: mpirun's own status says nothing
         unfinished = sorted(int(n.split("-", 1)[1]) for n, r in ranks.items()

@@ -172,7 +172,7 @@ def test_lingering_mpirun_is_stopped(tmp_path, finalized, expected):
                     "wait\nexec sleep 300\n")
     fake.chmod(0o755)
     start = time.monotonic()
-    code = launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "prog"])
+    code = launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "true"])
     assert code == expected
     assert time.monotonic() - start < 30
 
@@ -184,12 +184,12 @@ def test_a_launch_that_never_started_is_tried_again(tmp_path, capsys):
     fake.write_text(f"#!/bin/sh\necho x >> {count}\n"
                     f"[ $(wc -l < {count}) -ge 2 ] && exit 0\nexit 213\n")
     fake.chmod(0o755)
-    assert launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "prog"]) == 0
+    assert launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "true"]) == 0
     assert count.read_text().count("x") == 2
     assert "could not start the job (exit status 213" in capsys.readouterr().err
     # A program that fails (any other status) is not started again.
     fake.write_text(f"#!/bin/sh\necho x >> {count}\nexit 1\n")
-    assert launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "prog"]) == 1
+    assert launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "true"]) == 1
     assert count.read_text().count("x") == 3
 
 
@@ -200,7 +200,7 @@ def test_mpirun_that_does_not_reap_its_ranks_is_stopped(tmp_path):
     fake.write_text("#!/bin/sh\n(sleep 0.5) &\n(sleep 0.5) &\nexec sleep 300\n")
     fake.chmod(0o755)
     # Without the fix rabit-run waits on the zombies until the test's timeout.
-    assert launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "prog"]) == 1
+    assert launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "true"]) == 1
 
 
 def test_job_that_finalized_but_does_not_exit_is_stopped(tmp_path):
@@ -211,7 +211,7 @@ def test_job_that_finalized_but_does_not_exit_is_stopped(tmp_path):
                     "sleep 300 &\nsleep 300 &\nwait\n")
     fake.chmod(0o755)
     start = time.monotonic()
-    code = launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "prog"])
+    code = launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "true"])
     assert code == 0
     assert 10 <= time.monotonic() - start < 30
 
@@ -287,20 +287,22 @@ def test_a_rank_that_started_but_never_finished_fails_the_job(tmp_path, capsys):
                     '"$RABIT_RUN_STATUS_DIR/rank-1.started" "$RABIT_RUN_STATUS_DIR/rank-0.ok"\n'
                     "exit 0\n")
     fake.chmod(0o755)
-    assert launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "prog"]) == 1
+    assert launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--", "true"]) == 1
     assert "rank(s) 1 ended without finalize" in capsys.readouterr().err
 
 
 def test_restart_count_is_given_to_each_attempt(tmp_path, capsys):
     fake = tmp_path / "mpirun"
     log = tmp_path / "attempts"
+    # The rank started rabit_py, then failed: a fault, restarted.
     fake.write_text("#!/bin/sh\n"
                     f'echo "$RABIT_RESTART_COUNT $RABIT_CHECKPOINT_DIR" >> {log}\n'
+                    'touch "$RABIT_RUN_STATUS_DIR/rank-0.started"\n'
                     "exit 3\n")
     fake.chmod(0o755)
     code = launcher.main(["-n", "1", "--no-ft", "--mpirun", str(fake), "--max-restarts", "2",
                           "--restart-delay", "0", "--checkpoint-dir", str(tmp_path / "ck"),
-                          "--", "prog"])
+                          "--", "true"])
     assert code == 3
     assert log.read_text().split("\n")[:3] == [f"{i} {tmp_path / 'ck'}" for i in range(3)]
     err = capsys.readouterr().err
@@ -361,7 +363,7 @@ def test_a_lost_host_is_left_out_of_the_next_attempt(tmp_path, capsys):
         "exit 0\n")
     fake.chmod(0o755)
     code = launcher.main(["-n", "4", "--no-ft", "--mpirun", str(fake), "--hostfile", str(hosts),
-                          "--max-restarts", "1", "--restart-delay", "0", "--", "prog"])
+                          "--max-restarts", "1", "--restart-delay", "0", "--", "true"])
     err = capsys.readouterr().err
     assert code == 0, err
     assert "host(s) b cannot be reached" in err and "the next attempt runs on a, c" in err
@@ -379,7 +381,7 @@ def test_too_few_slots_left_after_a_host_loss_is_said_clearly(tmp_path, capsys):
                     "exit 1\n")
     fake.chmod(0o755)
     code = launcher.main(["-n", "4", "--no-ft", "--mpirun", str(fake), "--hostfile", str(hosts),
-                          "--max-restarts", "3", "--restart-delay", "0", "--", "prog"])
+                          "--max-restarts", "3", "--restart-delay", "0", "--", "true"])
     err = capsys.readouterr().err
     assert code == 1
     assert ("host(s) b cannot be reached, and the hosts left (a) have 2 slot(s) for 4 "
@@ -393,8 +395,68 @@ def test_the_programs_own_host_option_is_not_a_host_list(tmp_path, capsys):
     fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexit 1\n')
     fake.chmod(0o755)
     code = launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--max-restarts", "1",
-                          "--restart-delay", "0", "--", "prog", "--host", "db.example"])
+                          "--restart-delay", "0", "--", "true", "--host", "db.example"])
     assert code == 1
     err = capsys.readouterr().err
     assert "cannot be reached" not in err
     assert not any(line.endswith(" true") for line in log.read_text().splitlines())
+
+
+def test_a_program_that_cannot_start_is_not_restarted(tmp_path, capsys):
+    # Issue 28: `rabit-run -n 2 --max-restarts 2 python missing.py` restarted
+    # twice with back-off. A rank that ends before rabit_py started (a missing
+    # file, an import error) is a set-up error: one message, no restart.
+    fake = tmp_path / "mpirun"
+    log = tmp_path / "attempts"
+    fake.write_text(f"#!/bin/sh\necho x >> {log}\nexit 1\n")
+    fake.chmod(0o755)
+    code = launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--max-restarts", "2",
+                          "--restart-delay", "0", "--", "true"])
+    assert code == 1 and log.read_text().count("x") == 1
+    err = capsys.readouterr().err
+    assert ("rabit-run: the job cannot start: the program ended with exit status 1 before any "
+            "rank started rabit_py (its error is above); not restarting it (a restart would "
+            "fail the same way)") in err, err
+    assert "restart 1" not in err
+
+
+@pytest.mark.parametrize("argv, env, words", [
+    (["python3", "missing.py"], {}, "python3 cannot open the program's file missing.py"),
+    (["no-such-program-here"], {}, "the program no-such-program-here is not on PATH"),
+    (["true"], {"RABIT_TIMEOUT": "abc"},
+     "a setting is invalid: RABIT_TIMEOUT='abc': expected a number of seconds"),
+    (["true"], {"RABIT_CHECKPOINT_DIR": "FILE"}, "is a file, not a folder"),
+    (["true"], {"RABIT_CHECKPOINT_DIR": "FILE/sub"}, "cannot be made: "),
+])
+def test_set_up_errors_are_found_before_anything_starts(tmp_path, capsys, monkeypatch, argv,
+                                                        env, words):
+    fake = tmp_path / "mpirun"
+    log = tmp_path / "attempts"
+    fake.write_text(f"#!/bin/sh\necho x >> {log}\nexit 0\n")
+    fake.chmod(0o755)
+    (tmp_path / "FILE").write_text("")
+    monkeypatch.chdir(tmp_path)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code = launcher.main(["-n", "2", "--no-ft", "--mpirun", str(fake), "--max-restarts", "2",
+                          "--", *argv])
+    assert code == 2 and not log.exists()
+    err = capsys.readouterr().err
+    assert err.startswith("rabit-run: the job cannot start: ") and words in err, err
+    assert err.strip().endswith("; nothing was started") and err.count("\n") == 1, err
+
+
+def test_a_read_only_checkpoint_folder_is_a_set_up_error(tmp_path):
+    from rabit_py._store import folder_problem
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    assert folder_problem(str(folder)) is None
+    assert folder_problem(str(tmp_path / "new" / "deeper")) is None
+    folder.chmod(0o555)
+    try:
+        if os.access(str(folder), os.W_OK):
+            pytest.skip("this user (root) may write into a read-only folder")
+        assert "is not writable" in folder_problem(str(folder))
+        assert "cannot be made" in folder_problem(str(folder / "sub"))
+    finally:
+        folder.chmod(0o755)
