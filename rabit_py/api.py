@@ -76,7 +76,8 @@ def _read_once(exc: BaseException, every_rank: bool = False) -> None:
     """An error of ``init`` that every rank raises (a bad setting, ranks with
     different settings, an unusable checkpoint folder) is printed once if
     left uncaught (Note [one failure, read once] in ``engine/_lifecycle.py``)."""
-    from .engine._lifecycle import is_every_rank, launched_rank, mark_every_rank, print_once
+    from .config import launched_rank
+    from .engine._lifecycle import is_every_rank, mark_every_rank, print_once
 
     if every_rank:
         mark_every_rank(exc)

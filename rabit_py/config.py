@@ -230,3 +230,14 @@ def _parse(type_name: Any, text: str) -> Any:
     if type_name == "Optional[str]":
         return text or None
     return text
+
+
+def launched_rank() -> int:
+    """This process's rank in the launched job, from the launcher's
+    variables (0 for a process started alone): known before MPI starts, for
+    messages that one rank prints for all."""
+    for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0

@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Optional
 
+from .config import launched_rank
+
 __all__ = ["require", "missing"]
 
 
@@ -35,6 +37,8 @@ def require(module: str, extra: str, purpose: Optional[str] = None) -> None:
         SystemExit: the module is missing.
     """
     if missing(module):
+        if launched_rank() != 0:
+            raise SystemExit(2)         # every rank stops; rank 0 says why, once
         what = f"{purpose} needs {module}" if purpose else f"this needs {module}"
         raise SystemExit(f"{what}, which is not installed: pip install -e \".[{extra}]\" "
                          f"from a checkout (or pip install \"rabit_py[{extra}]\")")

@@ -33,11 +33,14 @@ import json
 import os
 import platform
 import sys
+import textwrap
 import time
 from typing import Callable, Dict, Iterator, List, Optional
 
 import numpy as np
-from mpi4py import MPI
+
+# MPI as rabit_py starts it (a one-process run leaves no shared-memory segment).
+from rabit_py.engine._mpistart import MPI
 
 import rabit_py as rabit
 from rabit_py.extras import require
@@ -286,71 +289,107 @@ def human(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
+# Short column names (the tables stay under 100 characters); the legend
+# under each table gives the full names.
+SHORT = {
+    "rabit allreduce check=off": "off", "rabit allreduce check=on": "on", SHM: "shm",
+    CUSTOM_MPI: "custom", CUSTOM_SHM: "cust shm", KEEP_FLOOR: "keep flr",
+    "rabit robust allreduce": "robust", "rabit robust allreduce+prepare_fun": "rob+prep",
+    XGB: "xgboost", "rabit broadcast check=off": "off", "rabit broadcast check=on": "on",
+    "rabit robust broadcast": "robust",
+}
+
+
 def report(rows: List[dict], names: List[str]) -> str:
+    """Per kind, two narrow tables: microseconds per call, and the bandwidth
+    ratio to raw mpi4py (x raw, >1 is faster), one column per contender."""
     lines = []
     for kind, raw_names, ours in (
             ("allreduce", ["mpi4py Allreduce in-place", "mpi4py Allreduce out-of-place"],
              ["rabit allreduce check=off", "rabit allreduce check=on", SHM, CUSTOM_MPI,
-              CUSTOM_SHM,
-              KEEP_FLOOR, "rabit robust allreduce", "rabit robust allreduce+prepare_fun", XGB]),
+              CUSTOM_SHM, KEEP_FLOOR, "rabit robust allreduce",
+              "rabit robust allreduce+prepare_fun", XGB]),
             ("broadcast", ["mpi4py Bcast"],
              ["rabit broadcast check=off", "rabit broadcast check=on",
               "rabit robust broadcast"])):
         ours = [n for n in ours if n in names]
-        head = (f"{'size':>8} | {'raw best us':>11} {'GB/s':>6} | "
-                + " | ".join(f"{n.replace('rabit ', '').replace(kind, '').strip()[:22]:>22} us "
-                             f"{'GB/s':>6} {'x raw':>6}" for n in ours)
-                + f" | {'check cost us':>13}")
         what = "allreduce float32 SUM" if kind == "allreduce" else "broadcast float32"
-        lines += [f"\n{what}, {NRANKS} ranks (median of batches, slowest rank)",
-                  head, "-" * len(head)]
-        for row in rows:
+        medians = [{n: median(v) for n, v in row["seconds"].items()} for row in rows]
+        raws = [min(t[n] for n in raw_names) for t in medians]
+        head = f"{'size':>8} {'raw':>9} " + " ".join(f"{SHORT[n]:>8}" for n in ours)
+        lines += [f"\n{what}, {NRANKS} ranks, us per call (median, slowest rank; raw: the "
+                  f"faster raw call)", head, "-" * len(head)]
+        for row, t, raw in zip(rows, medians, raws):
+            lines.append(f"{human(row['bytes']):>8} {raw * 1e6:9.1f} "
+                         + " ".join(f"{t[n] * 1e6:8.1f}" for n in ours))
+        head = (f"{'size':>8} {'raw GB/s':>9} " + " ".join(f"{SHORT[n]:>8}" for n in ours)
+                + f" {'check us':>8}")
+        lines += [f"\n{what}, bandwidth x raw (>1 is faster); check us: the signature "
+                  f"check's cost", head, "-" * len(head)]
+        for row, t, raw in zip(rows, medians, raws):
             samples = row["seconds"]
-            t = {n: median(v) for n, v in samples.items()}
-            raw = min(t[n] for n in raw_names)
-            cells = [f"{human(row['bytes']):>8} | {raw * 1e6:11.1f} "
-                     f"{bus_bandwidth(kind, row['bytes'], raw):6.2f}"]
+            cells = []
             for n in ours:
                 paired = ([samples[PAIRED_RAW[n]]] if n in PAIRED_RAW
                           else [samples[r] for r in raw_names])
-                cells.append(f"{t[n] * 1e6:25.1f} {bus_bandwidth(kind, row['bytes'], t[n]):6.2f} "
-                             f"{paired_ratio(paired, samples[n]):6.2f}")
+                cells.append(f"{paired_ratio(paired, samples[n]):8.2f}")
             cost = (t[f"rabit {kind} check=on"] - t[f"rabit {kind} check=off"]) * 1e6
-            lines.append(" | ".join(cells) + f" | {cost:13.1f}")
+            # A difference of two noisy medians can come out below zero: the
+            # check then costs less than the noise can show.
+            shown = f"{cost:8.1f}" if cost > 0 else f"{'<noise':>8}"
+            lines.append(f"{human(row['bytes']):>8} {bus_bandwidth(kind, row['bytes'], raw):9.2f} "
+                         + " ".join(cells) + f" {shown}")
+        lines.append(textwrap.fill("; ".join(f"{SHORT[n]} = {n}" for n in ours), 100,
+                                   initial_indent="  ", subsequent_indent="  "))
     if COPY in names:
         cells = ", ".join(f"{human(row['bytes'])} "
                           f"{bus_bandwidth('copy', row['bytes'], median(row['seconds'][COPY])):.1f}"
                           for row in rows)
-        lines.append(f"\n{COPY}, GB/s (bytes / time, one rank's buffer): {cells}")
+        lines.append("\n" + textwrap.fill(f"{COPY}, GB/s (bytes / time, one rank's buffer): "
+                                          f"{cells}", 100))
     phase_raws = sorted({raw for n, raw in PAIRED_RAW.items() if n in names})
     for raw in phase_raws:
         cells = ", ".join(f"{human(row['bytes'])} {median(row['seconds'][raw]) * 1e6:.1f}"
                           for row in rows)
-        lines.append(f"\n{raw}, us: {cells}")
+        lines.append("\n" + textwrap.fill(f"{raw}, us: {cells}", 100))
     return "\n".join(lines)
 
 
 def plot(rows: List[dict], names: List[str], kinds: Dict[str, str], path: str) -> None:
+    """Bandwidth against size: raw mpi4py in black (solid, dashed for its
+    other calls), the memory copy in grey, every other contender a colour of
+    its own (tab20: the default cycle has 10 colours for up to 14 lines)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    others = [n for n in names if not n.startswith("mpi4py") and n != COPY]
+    colours = {n: plt.get_cmap("tab20")(i % 20) for i, n in enumerate(others)}
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for ax, kind in zip(axes, ("allreduce", "broadcast")):
+        raws = 0
         for name in names:
             if kinds[name] != kind and not (kind == "allreduce" and kinds[name] == "copy"):
                 continue
             xs = [r["bytes"] for r in rows]
             ys = [bus_bandwidth(kinds[name], r["bytes"], median(r["seconds"][name]))
                   for r in rows]
-            ax.plot(xs, ys, marker="o", label=name)
+            if name.startswith("mpi4py"):
+                style = dict(color="black", linewidth=2.2,
+                             linestyle=("-", "--", ":", "-.")[raws % 4])
+                raws += 1
+            elif name == COPY:
+                style = dict(color="grey", linestyle=":", linewidth=1.5)
+            else:
+                style = dict(color=colours[name], linewidth=1.3)
+            ax.plot(xs, ys, marker="o", markersize=3, label=name, **style)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("message size (bytes)")
         ax.set_ylabel("bus bandwidth (GB/s)")
         ax.set_title(f"{kind}, float32, {NRANKS} ranks")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -368,6 +407,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.plot:
         require("matplotlib", "bench", "--plot")    # before the work, not after it
+    if NRANKS < 2:
+        # One process has no collective to time (and its JSON would replace
+        # the last real run's figures).
+        raise SystemExit("bench_collectives times collectives across ranks: run it on 2 or "
+                         "more, e.g. rabit-run -n 2 python scripts/bench_collectives.py")
 
     session = RabitSession()
     rabit.init(engine="mpi", shm=False)
@@ -397,12 +441,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if RANK == 0:
         names = list(table)
         print(report(rows, names))
-        print(f"\n{NRANKS} ranks on {os.cpu_count()} cores"
-              + (" (oversubscribed)" if NRANKS > (os.cpu_count() or 1) else "")
-              + "; x raw = median per-batch bandwidth ratio to the faster raw mpi4py call "
-                "(>1 is faster); the robust engine (check off, a lazy_checkpoint every "
-                f"{CHECKPOINT_EVERY} calls) and xgboost are compared with raw mpi4py timed "
-                "in their own phases")
+        print("\n" + textwrap.fill(
+            f"{NRANKS} ranks on {os.cpu_count()} cores"
+            + (" (oversubscribed)" if NRANKS > (os.cpu_count() or 1) else "")
+            + "; x raw = median per-batch bandwidth ratio to the faster raw mpi4py call "
+              "(>1 is faster); the robust engine (check off, a lazy_checkpoint every "
+            f"{CHECKPOINT_EVERY} calls) and xgboost are compared with raw mpi4py timed "
+              "in their own phases", 100))
         result = {
             "benchmark": "collectives", "ranks": NRANKS, "cores": os.cpu_count(),
             "mpi": MPI.Get_library_version().strip(), "python": platform.python_version(),

@@ -25,7 +25,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+from rabit_py.engine._mpistart import MPI  # noqa: E402 - as rabit_py starts it
 
 import rabit_py as rabit  # noqa: E402
 from rabit_py.kvstore import KVStore  # noqa: E402

@@ -50,3 +50,22 @@ def _kill_tree(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def debris() -> set:
+    """What MPI jobs may leave behind on this machine: /dev/shm entries, and
+    under the temporary folder Open MPI's session folders (with everything
+    inside them: the top one ``ompi.<host>.<uid>`` may predate the test)
+    and rabit_py's and rabit-run's private folders."""
+    import tempfile
+    found = set()
+    if os.path.isdir("/dev/shm"):
+        found |= {f"/dev/shm/{n}" for n in os.listdir("/dev/shm")}
+    tmp = tempfile.gettempdir()
+    for name in os.listdir(tmp):
+        if name.startswith(("ompi.", "prte.", "rabit-run-", "rabit_py-mpi-")):
+            top = os.path.join(tmp, name)
+            found.add(top)
+            for folder, dirs, files in os.walk(top):
+                found |= {os.path.join(folder, n) for n in dirs + files}
+    return found

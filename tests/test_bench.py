@@ -3,7 +3,17 @@
 import json
 import sys
 
-from ._proc import rabit_run, run
+import pytest
+
+from ._proc import debris, rabit_run, run
+
+
+@pytest.fixture(autouse=True)
+def leaves_nothing():
+    """Every benchmark leaves no Open MPI session folder or /dev/shm segment."""
+    before = debris()
+    yield
+    assert debris() - before == set()
 
 
 def test_bench_collectives_writes_every_contender(tmp_path):
@@ -13,6 +23,8 @@ def test_bench_collectives_writes_every_contender(tmp_path):
                               "--json", str(out_json)), timeout=180)
     assert code == 0, out
     assert "allreduce float32 SUM, 2 ranks" in out and "broadcast float32, 2 ranks" in out
+    # Tables a terminal can show (they were 423 characters wide).
+    assert max(len(line) for line in out.splitlines()) <= 110, out
     result = json.loads(out_json.read_text())
     assert result["ranks"] == 2
     assert [row["bytes"] for row in result["rows"]] == [8, 64, 512]

@@ -46,8 +46,7 @@ from ..errors import CollectiveTimeoutError, RabitError
 
 __all__ = ["install_excepthook", "end_job_on_uncaught", "abort_job", "abort_init",
            "is_restartable", "is_secondary", "is_every_rank", "mark_every_rank",
-           "user_traceback", "cause_text", "print_once", "launched_rank",
-           "SECONDARY_GRACE_S"]
+           "user_traceback", "cause_text", "print_once", "SECONDARY_GRACE_S"]
 
 SECONDARY_GRACE_S = 5.0     # an uncaught secondary error waits this long for the cause
 
@@ -127,16 +126,6 @@ def print_once(exc: BaseException, rank: int) -> None:
             sys.stderr.flush()
 
     sys.excepthook = hook
-
-
-def launched_rank() -> int:
-    """This process's rank in the launched job, from the launcher's
-    variables (0 for a process started alone): known before MPI starts."""
-    for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"):
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
 
 
 def user_traceback(exc_type: Any, exc: BaseException, tb: Any, rank: int) -> str:

@@ -3,9 +3,12 @@ so the choice below applies whichever module is imported first."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import sys
+import tempfile
 from typing import Iterator
 
 __all__ = ["MPI", "singleton_without_libfabric"]
@@ -15,23 +18,43 @@ _LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZ
 
 @contextlib.contextmanager
 def singleton_without_libfabric() -> Iterator[None]:
-    """Around the import that starts MPI: a process started without mpirun
-    (a one-rank job) skips Open MPI's libfabric BTL, which spends about a
-    second in MPI_Init where there is no libfabric network, and its
-    shared-memory BTL, whose backing file a one-process job leaves behind in
-    ``/dev/shm`` at every start (seen: 36 after one test run); one process
-    needs neither. The variable is set only for that moment, and never
-    over the user's own ``OMPI_MCA_btl`` or in a launched rank (rabit-run
-    passes the same choice to mpirun on one node)."""
+    """Around the import that starts MPI, in a process started without
+    mpirun (a one-rank job, ``python train.py``):
+
+    - Open MPI's libfabric BTL is skipped (it spends about a second in
+      MPI_Init where there is no libfabric network), and its shared-memory
+      BTL, whose backing file a one-process job left in ``/dev/shm`` at every
+      start (seen: 36 after one test run): one process needs neither. Never
+      over the user's own ``OMPI_MCA_btl``;
+    - Open MPI's session folder goes to a private temporary folder (through
+      ``TMPDIR``, which it reads at MPI_Init), removed at exit: a singleton
+      left an empty ``/tmp/ompi.<host>.<uid>/jf.0/<job>`` folder behind at
+      every run (37 after the README's tour).
+
+    The variables are set only for that moment, never in a launched rank
+    (rabit-run gives the ranks private folders itself)."""
     here = (not any(name in os.environ for name in _LAUNCHER_VARIABLES)
-            and "mpi4py.MPI" not in sys.modules and "OMPI_MCA_btl" not in os.environ)
-    if here:
+            and "mpi4py.MPI" not in sys.modules)
+    btl = here and "OMPI_MCA_btl" not in os.environ
+    if btl:
         os.environ["OMPI_MCA_btl"] = "^ofi,sm"
+    saved_tmpdir = os.environ.get("TMPDIR")
+    session = tempfile.mkdtemp(prefix="rabit_py-mpi-") if here else None
+    if session is not None:
+        os.environ["TMPDIR"] = session
+        # Before MPI_Finalize (a C-level exit handler, after this one), which
+        # tolerates a removed folder.
+        atexit.register(shutil.rmtree, session, True)
     try:
         yield
     finally:
-        if here:
+        if btl:
             os.environ.pop("OMPI_MCA_btl", None)
+        if session is not None:
+            if saved_tmpdir is None:
+                os.environ.pop("TMPDIR", None)
+            else:
+                os.environ["TMPDIR"] = saved_tmpdir
 
 
 with singleton_without_libfabric():
