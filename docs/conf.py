@@ -41,6 +41,8 @@ napoleon_use_rtype = False
 
 html_theme = "alabaster"
 html_static_path = ["_static"]
+# Long code lines wrap instead of being cut off at the page's edge.
+html_css_files = ["wrap.css"]
 html_theme_options = {"description": "Fault-tolerant collectives on MPI for BSP training",
                       "fixed_sidebar": True}
 exclude_patterns = ["_build"]

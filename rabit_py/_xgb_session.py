@@ -24,8 +24,10 @@ replaces it like any lost rank. Linux only (``/proc/self/task``).
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -58,6 +60,68 @@ def quiet_xgboost() -> Iterator[None]:
         finally:
             for w in caught:
                 log.debug("xgboost: %s", str(w.message).strip())
+
+
+_TASK_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] Task (\S+) got rank \d+$")
+
+
+class _WithoutRepeatedTaskLines(io.TextIOBase):
+    """``sys.stdout`` while a worker trains: XGBoost's "[time] Task T got
+    rank R" line (printed through Python as the worker joins a session,
+    whatever XGBoost's verbosity) is passed on once per task, not again at
+    each session that a recovery opens. Everything else passes through; a
+    line that may be one of them (it starts with "[") is held until it ends."""
+
+    def __init__(self, out: Any) -> None:
+        super().__init__()
+        self._out = out
+        self._seen: set = set()
+        self._held = ""
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            *lines, self._held = (self._held + text).split("\n")
+            kept = []
+            for line in lines:
+                task = _TASK_LINE.match(line)
+                if task is not None:
+                    if task.group(1) in self._seen:
+                        continue
+                    self._seen.add(task.group(1))
+                kept.append(line + "\n")
+            if self._held and not self._held.startswith("["):
+                kept.append(self._held)
+                self._held = ""
+            if kept:
+                self._out.write("".join(kept))
+        return len(text)
+
+    def flush(self) -> None:
+        self._out.flush()
+
+    def release(self) -> None:
+        """Pass on what is held (at the end of training)."""
+        with self._lock:
+            held, self._held = self._held, ""
+        if held:
+            self._out.write(held)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._out, name)     # fileno, isatty, encoding, ...
+
+
+@contextlib.contextmanager
+def without_repeated_task_lines() -> Iterator[None]:
+    """Around a training run: see :class:`_WithoutRepeatedTaskLines`."""
+    out = sys.stdout
+    sys.stdout = wrapper = _WithoutRepeatedTaskLines(out)
+    try:
+        yield
+    finally:
+        wrapper.release()
+        if sys.stdout is wrapper:
+            sys.stdout = out
 
 
 def thread_ids() -> FrozenSet[int]:

@@ -128,9 +128,18 @@ def finalize() -> None:
 @contextlib.contextmanager
 def session(engine: str = "auto", comm: Optional[Any] = None,
             **config: Any) -> Iterator[None]:
-    """``init(...)`` on entry and ``finalize()`` on exit, as a context manager.
+    """``init(...)`` on entry and ``finalize()`` on exit, as a context manager::
 
-    Args: as :func:`init`.
+        with rabit.session(timeout=60):
+            rabit.allreduce(grad, rabit.Op.SUM)
+
+    Args:
+        engine: as :func:`init`: ``"mpi"``, ``"robust"``, ``"mock"`` or ``"auto"``.
+        comm: as :func:`init`: an mpi4py intra-communicator to run on.
+        **config: as :func:`init`: settings of :class:`rabit_py.config.Config`.
+
+    Raises:
+        RabitError, TypeError, ValueError: as :func:`init`.
     """
     init(engine, comm, **config)
     try:

@@ -51,14 +51,22 @@ class CustomOp:
 
 
 class Op:
-    """Reduction operators for :func:`rabit_py.allreduce`."""
+    """Reduction operators for :func:`rabit_py.allreduce`: pass a member
+    (``rabit.Op.SUM``) or a custom reducer made with :meth:`create`."""
 
+    #: element-wise maximum
     MAX = 0
+    #: element-wise minimum
     MIN = 1
+    #: element-wise sum (floating-point sums are bitwise identical from run to run)
     SUM = 2
+    #: bitwise OR (integer and bool arrays)
     BITOR = 3
+    #: element-wise product
     PROD = 4
+    #: bitwise AND (integer and bool arrays)
     BITAND = 5
+    #: bitwise XOR (integer and bool arrays)
     BITXOR = 6
 
     @staticmethod

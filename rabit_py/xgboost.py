@@ -77,7 +77,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
 
 from . import api
 from ._xgb_rounds import BoostState, Interval, initial_state
-from ._xgb_session import DataFn, Session, Tracker
+from ._xgb_session import DataFn, Session, Tracker, without_repeated_task_lines
 from .errors import TrainingError
 from .ops import Op
 
@@ -249,11 +249,14 @@ class _Trainer:
     def run(self) -> BoostState:
         version, state = api.load_checkpoint()
         state = self._resumed(version, state)
-        try:
-            while not state.finished(self._plan.interval.num_boost_round):
-                state = self._attempt(state)
-        finally:
-            self._close()
+        # Each worker prints "Task T got rank R" as it joins a session: once
+        # is enough, not again at each session that a recovery opens.
+        with without_repeated_task_lines():
+            try:
+                while not state.finished(self._plan.interval.num_boost_round):
+                    state = self._attempt(state)
+            finally:
+                self._close()
         return state
 
     def _resumed(self, version: int, state: Any) -> BoostState:

@@ -1,6 +1,6 @@
 """A cluster on one machine: rabit-run across hosts made of network namespaces.
 
-    sudo python scripts/cluster_demo.py [--hosts 3] [--slots 2] [--ranks 4] [--rounds 8] [--bench]
+    sudo "$(command -v python)" scripts/cluster_demo.py [--hosts 3] [--slots 2] [--ranks 4] [--rounds 8] [--bench]
                                         [--scenario all|clean|kill-rank|kill-twice|kill-host|
                                                     freeze-host]
                                         [--json out.json]

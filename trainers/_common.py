@@ -16,6 +16,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 
 import rabit_py as rabit
+from rabit_py.cli import HelpFormatter
 from rabit_py.extras import missing
 
 __all__ = ["ensure_init", "DataError", "agree", "global_offset", "exact_sum", "progress",
@@ -148,4 +149,4 @@ def cli_parser(prog: str, doc: Optional[str]) -> argparse.ArgumentParser:
     first = (doc or "").strip().split("\n\n")[0]
     text = re.sub(r":\w+:`~?([^`]+)`", r"\1", " ".join(first.split())).replace("``", "")
     return argparse.ArgumentParser(prog=prog, description=text,
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                   formatter_class=HelpFormatter)

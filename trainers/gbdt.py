@@ -665,12 +665,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = cli_parser("rabit-gbdt", __doc__)
     parser.add_argument("--train", required=True, help="training data (this rank's shard is "
                         "read; .npy/.npz/.csv/libsvm, or a pattern with {rank})")
-    parser.add_argument("--valid", help="validation data, same format")
+    parser.add_argument("--valid", help="validation data, same format (default: none)")
     parser.add_argument("--label-column", type=int, default=0, help="column of the label")
     parser.add_argument("--rounds", type=int, default=10, help="boosting rounds")
     parser.add_argument("--early-stopping-rounds", type=int,
-                        help="stop after this many rounds without improvement on --valid")
-    parser.add_argument("--out", help="write the model here (rank 0)")
+                        help="stop after this many rounds without improvement on --valid "
+                             "(default: never)")
+    parser.add_argument("--out", help="write the model here (rank 0; default: not written)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or log")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                         help="a parameter, e.g. --param objective=binary:logistic "

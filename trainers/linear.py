@@ -230,7 +230,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--tol", type=float, default=1e-8,
                         help="stop when the largest gradient component is below "
                              "tol * max(1, C * rows)")
-    parser.add_argument("--out", help="write coefficients as JSON here (rank 0)")
+    parser.add_argument("--out", help="write coefficients as JSON here (rank 0; default: not "
+                        "written)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or log")
     args = parser.parse_args(argv)
     with rabit.session():

@@ -261,7 +261,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="NumPy on the CPU, or CuPy on GPU rank %% GPU count")
-    parser.add_argument("--out", help="write the parameters as JSON here (rank 0)")
+    parser.add_argument("--out", help="write the parameters as JSON here (rank 0; default: not "
+                        "written)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or log")
     args = parser.parse_args(argv)
     with rabit.session():

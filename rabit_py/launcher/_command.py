@@ -44,6 +44,8 @@ import sysconfig
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+from ..cli import HelpFormatter
+
 __all__ = ["find_mpirun", "split_args", "make_parser", "build_command", "on_one_node", "Launch"]
 
 
@@ -124,18 +126,24 @@ def split_args(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
 
 def make_parser() -> argparse.ArgumentParser:
     """The options of rabit-run (the rest goes to mpirun)."""
+    from .. import __version__
+
     parser = argparse.ArgumentParser(
         prog="rabit-run",
+        usage="rabit-run -n N [rabit-run options] [mpirun options] [--] program [args ...]",
         description="Start a rabit_py job with the mpirun of the installed MPI. Options "
                     "not listed here are passed to mpirun.",
         epilog="example: rabit-run -n 4 python train.py --rounds 10",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version",
+                        version=f"rabit-run (rabit_py {__version__})")
     parser.add_argument("-n", "-np", "--np", "-c", dest="np", type=int,
                         default=int(os.environ["SLURM_NTASKS"]) if os.environ.get(
                             "SLURM_NTASKS", "").isdigit() else None,
-                        help="number of ranks (default inside Slurm: SLURM_NTASKS)")
+                        help="number of ranks (default: SLURM_NTASKS inside a Slurm allocation, else "
+                             "required)")
     parser.add_argument("--launcher", choices=["mpirun", "srun"], default="mpirun",
-                        help="start the ranks with the MPI's mpirun (default; across machines "
+                        help="start the ranks with the MPI's mpirun (across machines "
                              "give --hostfile F, or run inside a Slurm allocation, which "
                              "mpirun reads itself) or with Slurm's srun --mpi=pmix (no in-job "
                              "recovery: srun has no --with-ft; restarts still work)")
@@ -149,9 +157,10 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the command instead of running it")
     parser.add_argument("--max-restarts", type=int, default=0,
-                        help="start a failed job again up to this many times (default 0)")
+                        help="start a failed job again up to this many times")
     parser.add_argument("--checkpoint-dir",
-                        help="durable checkpoint folder (sets RABIT_CHECKPOINT_DIR for the job)")
+                        help="durable checkpoint folder (sets RABIT_CHECKPOINT_DIR for the job; "
+                             "default: none, no durable checkpoints)")
     parser.add_argument("--spares", type=int, default=0,
                         help="start this many spare processes besides the N ranks: they "
                              "wait, already started, to replace a rank that dies (faster "

@@ -61,7 +61,12 @@ def run_with_restarts(launch: Launch, max_restarts: int, delay: float,
             recoveries += outcome.recoveries
             replaced += outcome.replaced
             code = outcome.code
-            if code == 0 or outcome.interrupted:
+            if outcome.interrupted:
+                name = {2: "Ctrl-C", 15: "SIGTERM"}.get(code - 128, f"signal {code - 128}")
+                print(f"rabit-run: stopped by {name}: the job and every process it started "
+                      f"have ended", file=sys.stderr, flush=True)
+                break
+            if code == 0:
                 break
             failed_time += time.monotonic() - began
             reasons.append(outcome.why)
@@ -98,8 +103,13 @@ def run_with_restarts(launch: Launch, max_restarts: int, delay: float,
             shutil.rmtree(folder, ignore_errors=True)
     if attempt or recoveries:
         why = "".join(f"\n  restart {i + 1}: {r}" for i, r in enumerate(reasons[:attempt]))
-        print(f"rabit-run: {attempt + 1} attempt(s), {time.monotonic() - start:.1f} s in all, "
-              f"{failed_time:.1f} s in failed attempts; {recoveries} in-job recoveries "
-              f"({replaced} processes replaced); exit status {code}{why}",
+        print(f"rabit-run: {_count(attempt + 1, 'attempt', 'attempts')}, "
+              f"{time.monotonic() - start:.1f} s in all, {failed_time:.1f} s in failed "
+              f"attempts; {_count(recoveries, 'in-job recovery', 'in-job recoveries')} "
+              f"({_count(replaced, 'process', 'processes')} replaced); exit status {code}{why}",
               file=sys.stderr, flush=True)
     return code
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"

@@ -65,6 +65,24 @@ def test_the_mpirun_found_belongs_to_this_python():
     assert Path(launcher.find_mpirun()).parent == Path(sys.executable).parent
 
 
+def test_help_and_version(capsys):
+    # Issue 28: "(default 0) (default: 0)", "(default: None)", a usage line
+    # without the program, and --version answered "no program to run".
+    with pytest.raises(SystemExit) as done:
+        launcher.main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "(default: None)" not in out and "(default: False)" not in out, out
+    assert "(default 0) (default: 0)" not in out and "(default: 0)" in out, out
+    assert out.startswith("usage: rabit-run -n N [rabit-run options] [mpirun options] [--] "
+                          "program [args ...]"), out
+    with pytest.raises(SystemExit) as done:
+        launcher.main(["--version"])
+    assert done.value.code == 0
+    from rabit_py import __version__
+    assert capsys.readouterr().out.strip() == f"rabit-run (rabit_py {__version__})"
+
+
 @pytest.mark.parametrize("argv,pattern", [
     (["python", "x.py"], "required: -n"),
     (["-n", "2"], "no program to run"),
@@ -138,7 +156,7 @@ def test_ctrl_c_reaps_the_whole_job(tmp_path):
                f"open(os.path.join({str(tmp_path)!r}, str(os.getpid())), 'w').close(); "
                "time.sleep(120)")
     proc = subprocess.Popen(rabit_run(2, sys.executable, "-c", program), cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 60
@@ -147,8 +165,11 @@ def test_ctrl_c_reaps_the_whole_job(tmp_path):
         pids = [int(p.name) for p in tmp_path.iterdir()]
         assert len(pids) == 2
         proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=30)
-        assert code == 128 + signal.SIGINT
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + signal.SIGINT
+        # Not silently (issue 28).
+        assert ("rabit-run: stopped by Ctrl-C: the job and every process it started have "
+                "ended") in err, err
         deadline = time.monotonic() + 15
         while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -307,7 +328,7 @@ def test_restart_count_is_given_to_each_attempt(tmp_path, capsys):
     assert log.read_text().split("\n")[:3] == [f"{i} {tmp_path / 'ck'}" for i in range(3)]
     err = capsys.readouterr().err
     assert "restart 2 of 2" in err and "2 restart(s) are used up; giving up" in err
-    assert "rabit-run: 3 attempt(s)" in err
+    assert "rabit-run: 3 attempts" in err
 
 
 # ---------------------------------------------------------------- several hosts
