@@ -20,8 +20,9 @@ for a spare (W: its rank in ``MPI_COMM_WORLD``):
 - ``NAME.fatal``: the job cannot go on; first line ``restart`` (a restart from
   the durable checkpoint may help), ``bug`` (it would not: the program must
   change) or ``setup`` (the job cannot start as it is set up: ranks with
-  different settings, an unusable checkpoint folder) and the time it was written (seconds since the epoch: the earliest
-  report is the cause), then the reason;
+  different settings, an unusable checkpoint folder), and the time it was
+  written (seconds since the epoch: the earliest report is the cause); then
+  the reason;
 - ``NAME.ok`` / ``NAME.failed``: how the engine ended, as the process exits
   (``failed`` holds the reason when one is known);
 - ``job.done``: every rank of the job reached ``finalize`` together (written
@@ -41,8 +42,8 @@ import socket
 import time
 from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 
-__all__ = ["Reporter", "Report", "read_reports", "job_done", "process_alive", "RESTART", "BUG", "SETUP",
-           "STATES", "STATUS_DIR_VARIABLE"]
+__all__ = ["Reporter", "Report", "read_reports", "job_done", "process_alive", "RESTART", "BUG",
+           "SETUP", "STATES", "STATUS_DIR_VARIABLE"]
 
 #: The variable that gives the job the folder (read into Config.run_status_dir).
 STATUS_DIR_VARIABLE = "RABIT_RUN_STATUS_DIR"

@@ -1,9 +1,11 @@
 """A cluster on one machine: rabit-run across hosts made of network namespaces.
 
-    sudo "$(command -v python)" scripts/cluster_demo.py [--hosts 3] [--slots 2] [--ranks 4] [--rounds 8] [--bench]
-                                        [--scenario all|clean|kill-rank|kill-twice|kill-host|
-                                                    freeze-host]
-                                        [--json out.json]
+    sudo "$(command -v python)" scripts/cluster_demo.py
+        [--hosts 3] [--slots 2] [--ranks 4] [--rounds 8] [--bench]
+        [--scenario all|clean|kill-rank|kill-twice|kill-host|freeze-host] [--json out.json]
+
+(``sudo "$(command -v python)"`` runs the virtualenv's Python as root; a bare
+``sudo python`` would run the system's, without rabit_py.)
 
 Each host is a network namespace with its own address, hostname, temporary
 folder (``TMPDIR``) and ``/dev/shm`` (shared/notes/multihost.md has the recipe and what it showed);

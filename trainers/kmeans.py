@@ -233,7 +233,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="stop when the centers move less than this times the mean "
                              "feature variance, as scikit-learn")
     parser.add_argument("--seed", type=int, default=0, help="seed of the k-means++ draws")
-    parser.add_argument("--out", help="write the centers as JSON here (rank 0; default: not written)")
+    parser.add_argument("--out", help="write the centers as JSON here (rank 0; default: not "
+                        "written)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or log")
     args = parser.parse_args(argv)
     with rabit.session():

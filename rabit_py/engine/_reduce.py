@@ -114,8 +114,8 @@ class HostReduce:
             else np.array(self.groups, dtype=np.int64)
         self._comm.Allreduce(MPI.IN_PLACE, known, op=MPI.MAX)
         if known[0] < 0:        # nobody knew (no start-up exchange): the hosts now
-            return host_groups(control.allgather(self._comm, MPI.Get_processor_name(), "reduce.hosts"),
-                               self._config.node_size)
+            names = control.allgather(self._comm, MPI.Get_processor_name(), "reduce.hosts")
+            return host_groups(names, self._config.node_size)
         return [int(g) for g in known]
 
     def _allreduce_shm(self, data: np.ndarray, op: OpLike) -> None:

@@ -140,8 +140,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("-n", "-np", "--np", "-c", dest="np", type=int,
                         default=int(os.environ["SLURM_NTASKS"]) if os.environ.get(
                             "SLURM_NTASKS", "").isdigit() else None,
-                        help="number of ranks (default: SLURM_NTASKS inside a Slurm allocation, else "
-                             "required)")
+                        help="number of ranks (default: SLURM_NTASKS inside a Slurm "
+                             "allocation, else required)")
     parser.add_argument("--launcher", choices=["mpirun", "srun"], default="mpirun",
                         help="start the ranks with the MPI's mpirun (across machines "
                              "give --hostfile F, or run inside a Slurm allocation, which "
