@@ -46,7 +46,8 @@ from ..errors import CollectiveTimeoutError, RabitError
 
 __all__ = ["install_excepthook", "end_job_on_uncaught", "abort_job", "abort_init",
            "is_restartable", "is_secondary", "is_every_rank", "mark_every_rank",
-           "user_traceback", "cause_text", "print_once", "SECONDARY_GRACE_S"]
+           "user_traceback", "cause_text", "print_once", "raised_by_rabit_py",
+           "SECONDARY_GRACE_S"]
 
 SECONDARY_GRACE_S = 5.0     # an uncaught secondary error waits this long for the cause
 
@@ -199,6 +200,7 @@ def _ranks_word(exc: BaseException, rank: int) -> str:
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_STDLIB = os.path.dirname(os.path.abspath(os.__file__))
 
 
 def _in_package(filename: str) -> bool:
@@ -210,6 +212,21 @@ def _raised_by_rabit_py(tb: Any) -> bool:
     rabit_py's: a refused input, a mismatch; not the program's own)."""
     frames = traceback.extract_tb(tb)
     return bool(frames) and _in_package(frames[-1].filename)
+
+
+def raised_by_rabit_py(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised in rabit_py's own code (or in a library it
+    called), not in the program's: its innermost frame outside the standard
+    library and site-packages is rabit_py's."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        name = frame.filename
+        if name.startswith("<frozen ") or (not name.startswith("<") and (
+                not os.path.isfile(name)                # a compiled module's (mpi4py's .pyx)
+                or os.path.abspath(name).startswith(_STDLIB)
+                or "-packages" + os.sep in name)):     # site- or dist-packages
+            continue                                    # a library's frame: look further
+        return _in_package(name)                        # rabit_py's, or the program's own
+    return False
 
 
 def causes(exc: BaseException) -> List[BaseException]:

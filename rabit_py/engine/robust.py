@@ -69,6 +69,7 @@ from ..ops import OpLike, op_code
 from . import _control as control
 from ._cache import BOOT, Entry, ResultCache, code_key, default_budget, key_code
 from ._enter import enter_job
+from ._lifecycle import raised_by_rabit_py
 from ._recovery import Recovery
 from ._replicas import Replicas
 from ._signature import Kind, shown
@@ -487,8 +488,22 @@ class RobustEngine(MpiEngine):
             except PeerFailure:
                 self._recover()
                 continue
+            except RabitError:
+                raise
+            except Exception as exc:
+                if self._recovering and raised_by_rabit_py(exc):
+                    raise self._internal_failure("recovering from a lost peer", exc) from exc
+                raise                   # the program's own error (a prepare_fun's): a bug
             if result is not _AGAIN:
                 return result
+
+    def _internal_failure(self, doing: str, exc: BaseException) -> RecoveryError:
+        """rabit_py's own code failed while the job recovered from a fault:
+        not the program's bug, and a restart from the durable checkpoint may
+        do (the error says which; rabit-run is told)."""
+        return self.recovery.give_up(RecoveryError(
+            f"rank {self.frame.rank}: {doing} failed ({type(exc).__name__}: {exc}); the job "
+            f"must restart from a durable checkpoint"))
 
     def _round(self, key: Optional[Key]) -> Tuple[str, Optional[Entry]]:
         """One round of the recovery protocol; ``key`` None asks for the checkpoint."""
@@ -553,12 +568,7 @@ class RobustEngine(MpiEngine):
         except RabitError:
             raise
         except Exception as exc:
-            # rabit_py's own repair failed after a fault: not the program's
-            # bug, and a restart from the durable checkpoint may do.
-            raise self.recovery.give_up(RecoveryError(
-                f"rank {self.frame.rank}: repairing the job after a lost peer failed "
-                f"({type(exc).__name__}: {exc}); the job must restart from a durable "
-                f"checkpoint")) from exc
+            raise self._internal_failure("repairing the job after a lost peer", exc) from exc
         self.use(*comms)
         self.frame.membership += 1
         self._recovering = True

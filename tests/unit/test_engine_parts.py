@@ -258,3 +258,31 @@ def test_an_mpi_error_of_another_class_after_a_peer_died_is_a_lost_peer():
     error = frame.failure(MPI.Exception(MPI.ERR_OTHER))
     assert type(error) is RabitError and "MPI error in collective" in str(error)
     assert frame.broken is not None and time.monotonic() - started < 3
+
+
+def test_an_error_is_told_to_be_rabit_pys_or_the_programs(tmp_path):
+    # robust.py: an error out of rabit_py's own code while the job recovers
+    # is a fault's consequence (restartable), one out of the program's own
+    # code (a prepare_fun) is a bug.
+    import pickle
+    from rabit_py.engine._lifecycle import raised_by_rabit_py
+    from rabit_py.engine import _control as control
+
+    def caught(fn):
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001
+            return exc
+        raise AssertionError("no error")
+
+    ours = caught(lambda: control.unseal(b"\x05" * 40, "round.result"))
+    assert raised_by_rabit_py(ours)
+    # A library called by rabit_py (pickle, in C and in Python) still counts as rabit_py's.
+    ours_via_library = caught(lambda: control.seal(lambda: 0, "x"))    # pickle raises
+    assert raised_by_rabit_py(ours_via_library)
+    program = tmp_path / "prog.py"
+    program.write_text("def prepare(buf):\n    raise ValueError('bad batch')\n")
+    namespace: dict = {}
+    exec(compile(program.read_text(), str(program), "exec"), namespace)
+    assert not raised_by_rabit_py(caught(lambda: namespace["prepare"](None)))
+    assert not raised_by_rabit_py(caught(lambda: pickle.loads(b"\x05")))  # no rabit_py frame
