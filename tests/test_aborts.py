@@ -265,3 +265,37 @@ def test_calls_out_of_step_fail_loudly_with_the_check_off(call):
     assert re.search(rf"{call} #0 \(version (0|1)\) received the data of call #0 of "
                      rf"version (1|0)", out), out
     assert "the ranks' calls are out of step" in out, out
+
+
+BAD_SETTING = """
+import sys, rabit_py as rabit
+if sys.argv[1] == "timeout":
+    rabit.init(timeout="abc")
+else:
+    rabit.init(checkpoint_dir=sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("case", ["timeout", "checkpoint_dir"])
+def test_a_bad_setting_on_every_rank_reads_once(tmp_path, case):
+    # Issue 28: RABIT_TIMEOUT=abc printed one traceback per rank (36 lines on
+    # 4 ranks), a checkpoint folder that is a file 48. Given to init()
+    # (rabit-run's own check before launching sees only RABIT_* variables),
+    # rank 0 prints it once and the job is a set-up error, not restarted.
+    folder = tmp_path / "a-file"
+    folder.write_text("")
+    cmd = rabit_run(4, sys.executable, "-c", BAD_SETTING, case, str(folder))
+    cmd.insert(cmd.index("--"), "--max-restarts")
+    cmd.insert(cmd.index("--"), "2")
+    code, out = run(cmd, timeout=120)
+    assert code != 0
+    lines = _lines(out)
+    assert out.count("Traceback (most recent call last)") == 1, out
+    if case == "timeout":
+        assert "ValueError (every rank): timeout='abc'" in out, out
+    else:
+        assert (f"CheckpointError (every rank): the checkpoint folder {folder} is a file, not a "
+                f"folder") in out and "(on ranks 0,1,2,3)" in out, out
+    assert "rabit-run: the job cannot start: " in out and "not restarting it" in out, out
+    assert "restart 1 of 2" not in out, out
+    assert len(lines) <= 8, f"{len(lines)} lines:\n{out}"

@@ -62,3 +62,16 @@ def test_the_scripts_that_need_xgboost_say_so():
     assert done.returncode != 0
     assert 'needs xgboost, which is not installed: pip install -e ".[xgboost]"' in \
         done.stderr, done.stderr[-2000:]
+
+
+def test_a_missing_extra_is_said_by_rank_0_only(monkeypatch):
+    # Issue 28: a benchmark under rabit-run printed the hint once per rank.
+    from rabit_py.extras import require
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    with pytest.raises(SystemExit) as stopped:
+        require("surely_not_a_module_rabit", "bench", "--plot")
+    assert stopped.value.code == 2                  # stops, silently
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    with pytest.raises(SystemExit) as stopped:
+        require("surely_not_a_module_rabit", "bench", "--plot")
+    assert 'pip install -e ".[bench]"' in str(stopped.value.code)
