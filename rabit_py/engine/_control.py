@@ -9,9 +9,9 @@ without clearing. Under ULFM a peer's revoke between the two steps makes the
 second step return *success* on ranks still inside it, with the buffer never
 filled: they unpickle whatever the allocator left there. Reproduced
 (tests/test_control_messages.py): three ranks, one revoking after the sizes;
-55 of 60 allgathers returned success on one rank and raised
-``UnpicklingError: invalid load key, '\\x00'`` (or ``'\\xa7'``, or "stack
-underflow"); a storm showed ``'\\x05'``. Inside a call frame that was caught
+on one of the other two, 54 to 60 of 60 allgathers returned success and
+raised ``UnpicklingError: invalid load key, '\\x00'`` (or ``'\\xa7'``, or
+"stack underflow"); a storm showed ``'\\x05'``. Inside a call frame that was caught
 after the fact (Note [revoked success] in ``_frame.py``); the repair's and
 the spare pool's exchanges ran outside any frame, so the error escaped as an
 uncaught bug, and that rank's abort lost the replica of the rank killed just
