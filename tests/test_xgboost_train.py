@@ -119,7 +119,9 @@ CASES = {
                            [(r"^ROUND 1 2$", 1), (r"rank 0: a replaced rank joins", 3)],
                            {1, 3}),
     "during_the_replay": (["--every", "4"],
-                          [(r"^ROUND 2 6$", 2), (r"rank 0: replaced rank\(s\) \[2\]", 0)],
+                          # (under load XGBoost's hang guard may end a third rank
+                          # in the same repair: "replaced rank(s) [2, 3]")
+                          [(r"^ROUND 2 6$", 2), (r"rank 0: replaced rank\(s\) \[[\d, ]*\b2\b", 0)],
                           {0, 2}),
     "burst_of_two": (["--every", "4"], [(r"^ROUND 1 1$", (1, 3))], {1, 3}),
     "early_stopping": (["--every", "2", "--early-stopping", "2", "--rounds", "40"],

@@ -243,7 +243,9 @@ class CallFrame:
                                            self._grace())
             if fired or any(p[3] for p in positions.values()):
                 self.broken = self._timeout_message(token, positions)
-                return mark_every_rank(CollectiveTimeoutError(self.broken))
+                # Not marked every_rank: ranks stuck elsewhere (a repair) may
+                # never raise it.
+                return CollectiveTimeoutError(self.broken)
         if lost:
             failure = PeerFailure(
                 f"rank {self.rank}: a peer process failed during "

@@ -20,9 +20,10 @@ announcing after the cause did would make the peers name this rank instead.
 # Note [one failure, read once]
 One failure should read once, however many ranks raise it. An error that
 every rank raises with the same meaning -- the outcome of an agreement: a
-mismatch found by the signature check, a timeout, ranks started with
-different settings, a durable checkpoint that cannot be loaded -- is marked
-``every_rank`` where it is made. Rank 0 prints it and reports it to
+mismatch found by the signature check, ranks started with different
+settings, a bad setting, a checkpoint folder or a durable checkpoint that
+cannot be used -- is marked ``every_rank`` where it is made (not a timeout:
+ranks stuck elsewhere may never raise it). Rank 0 prints it and reports it to
 rabit-run; the other ranks wait for its notice (as secondary errors do) and
 end quietly; if none comes (rank 0 caught the error), they print and report
 it themselves. An error that rabit_py raised is printed as the program's own
@@ -248,7 +249,7 @@ def is_restartable(exc: BaseException) -> bool:
 
 def is_every_rank(exc: BaseException) -> bool:
     """Whether ``exc`` was raised on every rank with the same meaning (an
-    agreement's outcome: a mismatch, a timeout, different settings): one
+    agreement's outcome: a mismatch, different settings): one
     rank prints it (Note [one failure, read once])."""
     return any(getattr(e, "every_rank", False) for e in causes(exc))
 

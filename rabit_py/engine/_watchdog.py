@@ -222,7 +222,8 @@ def timeout_message(rank: int, size: int, timeout: float, token: tuple,
     if len(positions) > 1 or missing:
         if missing:
             parts.append(f"Rank(s) {_list(missing)} did not arrive "
-                         f"(ranks {_list(waiting)} were waiting in it).")
+                         f"({'rank' if len(waiting) == 1 else 'ranks'} {_list(waiting)} "
+                         f"{'was' if len(waiting) == 1 else 'were'} waiting in it).")
         for r, p in elsewhere:
             parts.append(f"Rank {r} was waiting in {Kind.NAMES.get(p[2], p[2])} "
                          f"#{p[1]} (version {p[0]}) instead.")
