@@ -82,3 +82,33 @@ def test_a_call_stamp_keeps_the_version_and_the_call_number():
     for version, seqno in [(0, 0), (3, 17), (123456, 2 ** 31 - 1)]:
         assert control.stamp_parts(control.stamp(version, seqno)) == (version, seqno)
     assert control.stamp(1, 0) != control.stamp(0, 1)
+
+
+def _hierarchy_outcomes(*flags):
+    code, out = run(rabit_run(4, sys.executable, "tests/programs/interrupted_hierarchy.py",
+                              *flags), timeout=180)
+    assert code == 0, out[-4000:]
+    found = {}
+    for line in out.splitlines():
+        if line.startswith("OUTCOMES "):
+            counts = json.loads(line[len("OUTCOMES "):])
+            found[counts.pop("rank")] = counts
+    assert sorted(found) == [0, 1, 2, 3], out[-4000:]
+    return found
+
+
+def test_a_leader_whose_step_was_revoked_gives_its_node_no_partial_sum():
+    # Seen across namespace hosts: a rank killed inside a hierarchical
+    # allreduce, and every rank's model then differed from the failure-free
+    # run's (the same wrong digest in 3 runs of 91). A leader whose leaders'
+    # step is revoked must not hand its group's own sum to its node as the
+    # result. Without the reducer's revoke check its node peer takes the
+    # partial sum as a success:
+    unchecked = _hierarchy_outcomes("--unchecked")
+    assert unchecked[3]["partial"] >= 1, unchecked
+    # With it, every trial is an interrupted call on every rank:
+    checked = _hierarchy_outcomes()
+    assert checked[2]["revoker"] == 30, checked
+    for rank in (0, 1, 3):
+        assert checked[rank] == {"ok": 0, "partial": 0, "interrupted": 30, "revoker": 0}, \
+            (rank, checked)

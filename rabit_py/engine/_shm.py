@@ -258,6 +258,7 @@ class NodeReducer:
             elif self.node_size > 1:
                 self._node_allreduce_direct(flat, ufunc)
         self._across_nodes(flat, leaders_allreduce)
+        self._check_revoked()
 
     def allreduce_custom(self, data: np.ndarray, fn: Callable[[np.ndarray, np.ndarray], Any],
                          leaders_allreduce: Callable[[Any], None]) -> None:
@@ -306,14 +307,31 @@ class NodeReducer:
             if self.node_rank != 0:
                 np.copyto(flat, self._custom[0][:nbytes].view(data.dtype))
         self._across_nodes(data.reshape(-1), leaders_allreduce)
+        self._check_revoked()
 
     def _across_nodes(self, flat: np.ndarray, leaders_allreduce: Callable[[Any], None]) -> None:
         if self.nodes == 1:
             return
         if self.leaders is not None:
             leaders_allreduce(self.leaders)
+            self._check_revoked()       # before the node is given the leaders' result
         if self.node_size > 1:
             self.node.Bcast(flat, root=0)
+
+    def _check_revoked(self) -> None:
+        """Note [revoked success] in ``_frame.py``, for the node and leaders
+        communicators: an MPI call on them that a peer's revoke interrupts can
+        return success with part of the data. The engine checks its own
+        communicator after each call, but a peer revokes these first (seen
+        across namespace hosts: a rank killed in a hierarchical allreduce,
+        and every rank's model then differed from the failure-free run's, 2
+        runs in 40): the result is trusted only if neither was revoked."""
+        try:
+            revoked = self.is_revoked()
+        except (AttributeError, NotImplementedError, MPI.Exception):
+            return                      # an MPI without fault tolerance: nothing revokes
+        if revoked:
+            raise MPI.Exception(ERR_REVOKED)
 
     def _node_allreduce(self, flat: np.ndarray, ufunc: Any) -> None:
         size, me = self.node_size, self.node_rank

@@ -56,7 +56,8 @@ def main() -> int:
     trial = getattr(rabit.api._engine, "trial", 0)
     joined = getattr(rabit.api._engine, "joined_as", "start")
     print("START " + json.dumps({"rank": rank, "pid": os.getpid(), "trial": trial,
-                                 "joined": joined}), flush=True)
+                                 "joined": joined, "host": rabit.get_processor_name()}),
+          flush=True)
     config = rabit.broadcast({"dim": 5, "scale": 0.1} if rank == 0 else None, root=0)
     version, model, local = rabit.load_checkpoint(with_local=True)
     if version == 0:
@@ -85,7 +86,10 @@ def main() -> int:
                 time.sleep(args.sleep)
             rabit.checkpoint(model, local)                                           # 4
             if rank == 0:
-                print(f"ROUND {it} done", flush=True)
+                # The model's digest per round: a run that differs from the
+                # failure-free one shows the first round that did.
+                print(f"ROUND {it} done {hashlib.sha256(model['w'].tobytes()).hexdigest()[:12]}",
+                      flush=True)
     except rabit.CollectiveMismatchError as exc:
         print("MISMATCH " + json.dumps({"rank": rank, "message": str(exc)}), flush=True)
     except rabit.RecoveryError as exc:
