@@ -20,7 +20,7 @@ from .ops import OpLike
 __all__ = ["init", "finalize", "get_rank", "get_world_size", "is_distributed",
            "get_processor_name", "allreduce", "broadcast", "allgather", "checkpoint",
            "lazy_checkpoint", "load_checkpoint", "version_number", "tracker_print",
-           "session"]
+           "session", "abort"]
 
 log = logging.getLogger("rabit_py")
 
@@ -36,17 +36,20 @@ def _current() -> Engine:
     return _engine
 
 
-def init(engine: str = "auto", comm: Optional[Any] = None, **config: Any) -> None:
+def init(engine: Any = "auto", comm: Optional[Any] = None, **config: Any) -> None:
     """Join the job.
 
     Args:
         engine: ``"mpi"`` (plain), ``"robust"`` (fault tolerant), ``"mock"``
             (robust plus fault injection) or ``"auto"`` (the ``RABIT_ENGINE``
-            variable if set, else the best engine available).
+            variable if set, else the best engine available). Rabit's call
+            forms are accepted too: ``init(sys.argv)``, ``init(args,
+            lib='mock')`` (Note [Rabit arguments] in ``config.py``).
         comm: an mpi4py intra-communicator to run on instead of
             ``MPI.COMM_WORLD`` (e.g. a ``Split`` of it). It is duplicated.
         **config: settings of :class:`rabit_py.config.Config` (``timeout``,
-            ``check``, ...); they win over ``RABIT_*`` variables.
+            ``check``, ...); they win over ``RABIT_*`` variables. Rabit's
+            ``args``, ``lib`` and ``lib_dll`` are accepted.
 
     Raises:
         RabitError: already initialized, or the engine is not available.
@@ -58,6 +61,7 @@ def init(engine: str = "auto", comm: Optional[Any] = None, **config: Any) -> Non
         raise RabitError("rabit_py is already initialized in this process; "
                          "call rabit.finalize() before init() again")
     try:
+        engine, comm, config = _rabit_call_form(engine, comm, config)
         cfg = Config.from_env(engine=None if engine == "auto" else engine, **config)
     except (TypeError, ValueError) as exc:
         _read_once(exc, every_rank=True)    # the same program and settings everywhere
@@ -70,6 +74,23 @@ def init(engine: str = "auto", comm: Optional[Any] = None, **config: Any) -> Non
         raise
     log.debug("rank %d/%d: %s started", _engine.rank, _engine.world_size,
               type(_engine).__name__)
+
+
+def _rabit_call_form(engine: Any, comm: Any, config: dict) -> tuple:
+    """Rabit's ``init(args=None, lib='standard', lib_dll=None)`` in rabit_py's
+    terms: ``(engine, comm, settings)``; rabit_py's own form unchanged."""
+    rabit_keys = {"args", "lib", "lib_dll"} & set(config)
+    if isinstance(engine, str) and not isinstance(comm, str) and not rabit_keys:
+        return engine, comm, config
+    from .config import from_rabit_args
+
+    config = dict(config)
+    args = config.pop("args", None) if isinstance(engine, str) else engine
+    lib = comm if isinstance(comm, str) else config.pop("lib", "standard")
+    name, settings = from_rabit_args(args, lib, config.pop("lib_dll", None))
+    if isinstance(engine, str) and engine != "auto" and name == "auto":
+        name = engine
+    return name, (None if isinstance(comm, str) else comm), {**settings, **config}
 
 
 def _read_once(exc: BaseException, every_rank: bool = False) -> None:
@@ -325,3 +346,26 @@ def tracker_print(msg: str) -> None:
         NotInitializedError: before ``init()``.
     """
     _current().tracker_print(str(msg))
+
+
+def abort(reason: str = "the program called rabit.abort()") -> None:
+    """End the whole job now, as a failure: every rank stops, and rabit-run
+    does not restart the job (a restart would meet the same reason).
+
+    Not collective: one rank calls it (as ``MPI_Abort``). For an error that
+    a restart can get past, raise an exception instead. Outside a job (before
+    ``init()``) it ends this process.
+
+    Args:
+        reason: said on stderr and in rabit-run's verdict.
+
+    Does not return.
+    """
+    import os
+    import sys
+
+    if _engine is None:
+        sys.stderr.write(f"rabit_py: {reason}; exiting\n")
+        sys.stderr.flush()
+        os._exit(1)
+    _engine.abort(str(reason))

@@ -13,7 +13,7 @@ import os
 import warnings
 from typing import Any, Mapping, Optional
 
-__all__ = ["Config", "ENGINES", "GPU_BACKENDS"]
+__all__ = ["Config", "ENGINES", "GPU_BACKENDS", "RABIT_LIBS", "from_rabit_args"]
 
 ENGINES = ("auto", "mpi", "robust", "mock")
 GPU_BACKENDS = ("auto", "staged", "nccl")       # Note [device arrays] in gpu/__init__.py
@@ -230,6 +230,80 @@ def _parse(type_name: Any, text: str) -> Any:
     if type_name == "Optional[str]":
         return text or None
     return text
+
+
+# Rabit's ``init(lib=...)`` libraries, as rabit_py engines.
+RABIT_LIBS = {"standard": "auto", "base": "auto", "robust": "auto", "mpi": "auto",
+              "empty": "auto", "mock": "mock"}
+
+
+# Note [Rabit arguments]
+# Rabit's ``init(args, lib)`` takes ``key=value`` strings (or bytes, as
+# ``xgboost.rabit`` passed them), usually ``sys.argv``, and ignores what it
+# does not know. The tracker's keys (``rabit_tracker_uri``, ``DMLC_*``...)
+# have no use under MPI, which started the job; the ones with a meaning here
+# become settings: ``mock=rank,version,seqno,trial`` (repeatable; Rabit's
+# fault plan, used with ``lib='mock'``), ``rabit_timeout_sec`` /
+# ``dmlc_timeout`` (the collective timeout), ``rabit_local_replica``
+# (replicas of the local model), ``rabit_debug`` (the log level).
+_RABIT_KEYS = {"rabit_timeout_sec": "timeout", "dmlc_timeout": "timeout",
+               "rabit_local_replica": "replicas", "rabit_debug": "log_level"}
+
+
+def from_rabit_args(args: Any = None, lib: str = "standard",
+                    lib_dll: Any = None) -> "tuple[str, dict]":
+    """Rabit's ``init(args, lib, lib_dll)`` as rabit_py's engine name and
+    ``init`` settings (Note [Rabit arguments]).
+
+    Args:
+        args: ``key=value`` strings or bytes (``sys.argv`` is fine: words
+            without ``=`` are skipped), or None.
+        lib: Rabit's library: ``"standard"``, ``"base"``, ``"robust"``,
+            ``"mpi"`` (the engine rabit-run picks) or ``"mock"`` (fault
+            injection by the ``mock=`` entries).
+        lib_dll: Rabit's own loaded library; there is none to load here, so
+            it is ignored.
+
+    Returns:
+        ``(engine, settings)`` for :func:`rabit_py.init`.
+
+    Raises:
+        TypeError: ``args`` is not a list of strings or bytes.
+        ValueError: an unknown ``lib``, or a value that is not a number.
+    """
+    del lib_dll
+    if lib not in RABIT_LIBS:
+        raise ValueError(f"lib={lib!r} is not one of Rabit's libraries "
+                         f"({', '.join(RABIT_LIBS)})")
+    if isinstance(args, (str, bytes)) or (args is not None
+                                          and not isinstance(args, (list, tuple))):
+        raise TypeError(f"args={args!r}: Rabit's init takes a list of 'key=value' strings "
+                        f"(e.g. sys.argv)")
+    settings: dict = {}
+    plan = []
+    for arg in args or ():
+        text = arg.decode() if isinstance(arg, bytes) else arg
+        if not isinstance(text, str):
+            raise TypeError(f"args: {arg!r} is not a 'key=value' string")
+        key, sep, value = text.partition("=")
+        if not sep:
+            continue
+        if key == "mock":
+            plan.append(value)
+        elif key in _RABIT_KEYS:
+            name = _RABIT_KEYS[key]
+            if name == "log_level":
+                settings[name] = "DEBUG" if value.strip() not in ("", "0") else "WARNING"
+            else:
+                kind = "float" if name == "timeout" else "int"
+                try:
+                    settings[name] = _parse(kind, value)
+                except ValueError as exc:
+                    raise ValueError(f"{key}={value!r}: {exc}") from None
+    engine = RABIT_LIBS[lib]
+    if engine == "mock":
+        settings["mock"] = ";".join(plan)
+    return engine, settings
 
 
 def launched_rank() -> int:

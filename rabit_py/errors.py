@@ -20,6 +20,7 @@ __all__ = [
     "CheckpointError",
     "KVStoreError",
     "TrainingError",
+    "UnsupportedCallError",
     "PeerFailure",
 ]
 
@@ -75,6 +76,14 @@ class RecoveryError(RabitError):
     def __init__(self, message: str, restartable: bool = True) -> None:
         super().__init__(message)
         self.restartable = restartable
+
+
+class UnsupportedCallError(RabitError, NotImplementedError):
+    """A call that rabit_py's drop-ins (``rabit_py.mpi4py``) do not run,
+    because it cannot be made fault tolerant (point-to-point messages,
+    nonblocking calls, new communicators) or is not built. The message names
+    the call, why, and what to use instead. Raised before any communication.
+    """
 
 
 class CheckpointError(RabitError):

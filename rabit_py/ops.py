@@ -12,8 +12,9 @@ from typing import Callable, Dict, NamedTuple, Optional, Union
 
 import numpy as np
 
-__all__ = ["Op", "CustomOp", "OpLike", "OpInfo", "OPS", "check_op_dtype", "op_name",
-           "op_code", "DTYPES", "dtype_code"]
+__all__ = ["Op", "CustomOp", "MAX", "MIN", "SUM", "PROD", "BITOR", "BITAND", "BITXOR",
+           "OpLike", "OpInfo", "OPS", "check_op_dtype", "op_name", "op_code", "DTYPES",
+           "dtype_code"]
 
 ReduceFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
@@ -88,6 +89,10 @@ class Op:
         """
         return CustomOp(fn, commute)
 
+
+# Rabit's module-level names for the operators (``rabit.MAX``), same values.
+MAX, MIN, SUM, BITOR = Op.MAX, Op.MIN, Op.SUM, Op.BITOR
+PROD, BITAND, BITXOR = Op.PROD, Op.BITAND, Op.BITXOR
 
 OpLike = Union[int, CustomOp]
 

@@ -16,6 +16,7 @@ is told that a restart may help).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -24,7 +25,7 @@ import numpy as np
 
 from ._mpistart import MPI
 
-from .._status import RESTART, Reporter
+from .._status import BUG, RESTART, Reporter
 from ..config import Config
 from ..errors import (CollectiveMismatchError, CollectiveTimeoutError, PeerFailure, RabitError,
                       RecoveryError)
@@ -336,6 +337,19 @@ class CallFrame:
         """The excepthook's end of the job (Note [uncaught errors] in _lifecycle.py)."""
         end_job_on_uncaught(exc_type, exc, self.rank, self.reporter, self.notice,
                             lambda: self.announce(FATAL_NOTICE_TAG), self.comm, told)
+
+    def abort(self, reason: str) -> None:
+        """End the job on purpose (``rabit.abort``): rabit-run is told it is
+        not to be restarted, the peers why they end; does not return."""
+        message = f"rank {self.rank}: {reason}"
+        sys.stderr.write(f"rabit_py: {message}; aborting the job\n")
+        sys.stderr.flush()
+        self.reporter.fatal(BUG, message)
+        if self.size == 1:
+            self.reporter.exited(False)
+            os._exit(1)             # MPI_Abort of a job of one only adds Open MPI's banner
+        self.announce(FATAL_NOTICE_TAG)
+        abort_job(self.comm, self.reporter)
 
     def _timeout_message(self, token: tuple, positions: Dict[int, Position]) -> str:
         return timeout_message(self.rank, self.size, self.config.timeout, token, positions)

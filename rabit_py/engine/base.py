@@ -147,6 +147,11 @@ class Engine(abc.ABC):
     def finalize(self) -> None:
         """Leave the job. Collective. The engine is unusable afterwards."""
 
+    @abc.abstractmethod
+    def abort(self, reason: str) -> None:
+        """End the whole job now, as a failure that a restart would repeat;
+        does not return."""
+
     # ------------------------------------------------------------------
     # What the GPU path (rabit_py.gpu) and the communication helpers call.
 

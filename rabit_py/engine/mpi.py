@@ -524,6 +524,9 @@ class MpiEngine(Engine):
         if store_error is not None:
             raise store_error
 
+    def abort(self, reason: str) -> None:
+        self.frame.abort(reason)
+
     def _final_prune(self) -> None:
         """Every rank has written its last version: the leader can now drop
         the versions that the last ones make obsolete (while ranks were still
