@@ -224,7 +224,7 @@ def _why(name: str) -> str:
         return ("a new communicator would not be repaired with the job when a rank is "
                 "replaced. Run on MPI.COMM_WORLD, or pass your communicator to "
                 "rabit_py.init(comm=...) and use rabit_py's own API")
-    if name.startswith("I") and name[1:2].isupper() or name.startswith("i"):
+    if name[:1] in "Ii" and name[1:2].islower() and not name.startswith("Is_"):
         return ("nonblocking calls are not fault tolerant: a request outlives the call that "
                 "the engine records and replays. Use the blocking form")
     return ("rabit_py runs Allreduce, Bcast, Allgather, Allgatherv, Reduce, Barrier and "

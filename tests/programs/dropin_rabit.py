@@ -2,11 +2,12 @@
 XGBoost's ``xgboost.rabit``), switched to rabit_py by the import line only,
 run on every rank of a job (tests/test_dropins.py).
 
-    python dropin_rabit.py --module rabit_py.rabit basic [mock=1,1,0,0 ...]
+    python dropin_rabit.py --module rabit_py.rabit basic lazy [mock=1,1,0,0 ...]
 
 ``--module`` is what the program imports as ``rabit``: ``rabit_py`` (the
-top-level API) or ``rabit_py.rabit`` (Rabit's exact semantics). Each scenario
-prints ``RESULT <scenario> <json>`` per rank; the test checks the values.
+top-level API) or ``rabit_py.rabit`` (Rabit's exact semantics). The scenarios named run in
+turn (each from ``init`` to ``finalize``) and print ``RESULT <scenario>
+<json>`` per rank; the test checks the values.
 Arguments after the scenario are handed to ``rabit.init`` as Rabit programs
 hand ``sys.argv``.
 """
@@ -118,10 +119,10 @@ def semantics(rabit) -> dict:
 
 def main() -> int:
     module = sys.argv[sys.argv.index("--module") + 1]
-    scenario = [a for a in sys.argv[1:] if a in SCENARIOS][0]
     rabit = importlib.import_module(module)
-    result = SCENARIOS[scenario](rabit)
-    print("RESULT " + scenario + " " + json.dumps(result), flush=True)
+    for scenario in [a for a in sys.argv[1:] if a in SCENARIOS]:
+        result = SCENARIOS[scenario](rabit)
+        print("RESULT " + scenario + " " + json.dumps(result), flush=True)
     return 0
 
 
