@@ -1,4 +1,4 @@
-"""XGBoost's ``xgboost.collective`` on rabit_py: change the import, keep the program.
+"""XGBoost's ``xgboost.collective`` on rabit_py: change the import, keep the program::
 
     import rabit_py.collective as collective     # was: from xgboost import collective
 

@@ -1,4 +1,4 @@
-"""mpi4py's collectives on rabit_py: change the import, keep the program.
+"""mpi4py's collectives on rabit_py: change the import, keep the program::
 
     from rabit_py.mpi4py import MPI           # was: from mpi4py import MPI
 

@@ -1,4 +1,4 @@
-"""Rabit's Python API on rabit_py, as Rabit's programs get it: change the import.
+"""Rabit's Python API on rabit_py, as Rabit's programs get it: change the import::
 
     import rabit_py.rabit as rabit        # was: import rabit (dmlc/rabit)
                                           # or:  from xgboost import rabit (1.x-2.0)
