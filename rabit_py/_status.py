@@ -19,8 +19,9 @@ for a spare (W: its rank in ``MPI_COMM_WORLD``):
   (in the program's own code) or ``done``;
 - ``NAME.fatal``: the job cannot go on; first line ``restart`` (a restart from
   the durable checkpoint may help), ``bug`` (it would not: the program must
-  change) or ``setup`` (the job cannot start as it is set up: ranks with
-  different settings, an unusable checkpoint folder), and the time it was
+  change), ``setup`` (the job cannot start as it is set up: ranks with
+  different settings, an unusable checkpoint folder) or ``abort`` (the
+  program ended the job on purpose: ``rabit.abort``), and the time it was
   written (seconds since the epoch: the earliest report is the cause); then
   the reason;
 - ``NAME.ok`` / ``NAME.failed``: how the engine ended, as the process exits
@@ -43,7 +44,7 @@ import time
 from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 
 __all__ = ["Reporter", "Report", "read_reports", "job_done", "process_alive", "RESTART", "BUG",
-           "SETUP", "STATES", "STATUS_DIR_VARIABLE"]
+           "SETUP", "ABORT", "STATES", "STATUS_DIR_VARIABLE"]
 
 #: The variable that gives the job the folder (read into Config.run_status_dir).
 STATUS_DIR_VARIABLE = "RABIT_RUN_STATUS_DIR"
@@ -51,6 +52,7 @@ STATUS_DIR_VARIABLE = "RABIT_RUN_STATUS_DIR"
 RESTART = "restart"
 BUG = "bug"
 SETUP = "setup"
+ABORT = "abort"         # the program ended the job on purpose (rabit.abort)
 STATES = ("call", "repair", "spawn", "user", "done")
 
 
@@ -100,7 +102,7 @@ class Reporter:
                             f"{self._host} {recoveries} {replaced} {spawned}\n")
 
     def fatal(self, category: str, reason: str) -> None:
-        """The job cannot go on (``RESTART``, ``BUG`` or ``SETUP``); the first
+        """The job cannot go on (``RESTART``, ``BUG``, ``SETUP`` or ``ABORT``); the first
         report of a process wins."""
         if self.folder is not None and not os.path.exists(
                 os.path.join(self.folder, f"{self.name}.fatal")):

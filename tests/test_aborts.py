@@ -299,3 +299,34 @@ def test_a_bad_setting_on_every_rank_reads_once(tmp_path, case):
     assert "rabit-run: the job cannot start: " in out and "not restarting it" in out, out
     assert "restart 1 of 2" not in out, out
     assert len(lines) <= 8, f"{len(lines)} lines:\n{out}"
+
+
+ABORTER = """
+import sys, time, numpy as np, rabit_py as rabit
+rabit.init()
+rabit.allreduce(np.zeros(2), rabit.Op.SUM)
+if rabit.get_rank() == 1:
+    if sys.argv[1] == "mpi4py":
+        from rabit_py.mpi4py import MPI
+        MPI.COMM_WORLD.Abort(3)
+    rabit.abort("the input file is missing")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("how", ["rabit", "mpi4py"])
+def test_abort_ends_the_job_at_once_and_is_not_restarted(how, tmp_path):
+    program = tmp_path / "aborter.py"
+    program.write_text(ABORTER)
+    started = time.monotonic()
+    code, out = run([sys.executable, "-m", "rabit_py.launcher", "-n", "3", "--max-restarts",
+                     "2", "--", sys.executable, str(program), how], timeout=120)
+    elapsed = time.monotonic() - started
+    assert code != 0, out
+    assert elapsed < 50, f"took {elapsed:.0f} s: the others slept instead of ending\n{out}"
+    reason = ("the input file is missing" if how == "rabit"
+              else r"MPI.COMM_WORLD.Abort\(3\) was called")
+    assert re.search(rf"^rabit_py: rank 1: {reason}; aborting the job$", out, re.M), out
+    assert re.search(rf"^rabit-run: the program aborted the job: rank 1: {reason}; not "
+                     rf"restarting it$", out, re.M), out
+    assert "attempt 2" not in out and "restart 1" not in out, out

@@ -31,7 +31,8 @@ rabit-run restarts it from the durable checkpoint. Past the budget the
 engine also stops copying allreduce inputs (the copy that lets an interrupted
 in-place call run again): such a call cannot be run again, and a failure in
 it ends the job the same way. The cost of a call then stays that of the call
-itself instead of growing with copies and fresh pages. Time: one copy of each result (arrays; broadcast
+itself instead of growing with copies and fresh pages. Time: one copy of each
+result (arrays; broadcast
 objects are kept as the pickled bytes already made). Arrays freed at a commit
 are reused for later results of the same size, so a training loop stops
 allocating after its first version.

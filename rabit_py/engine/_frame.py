@@ -25,7 +25,7 @@ import numpy as np
 
 from ._mpistart import MPI
 
-from .._status import BUG, RESTART, Reporter
+from .._status import ABORT, RESTART, Reporter
 from ..config import Config
 from ..errors import (CollectiveMismatchError, CollectiveTimeoutError, PeerFailure, RabitError,
                       RecoveryError)
@@ -344,7 +344,7 @@ class CallFrame:
         message = f"rank {self.rank}: {reason}"
         sys.stderr.write(f"rabit_py: {message}; aborting the job\n")
         sys.stderr.flush()
-        self.reporter.fatal(BUG, message)
+        self.reporter.fatal(ABORT, message)
         if self.size == 1:
             self.reporter.exited(False)
             os._exit(1)             # MPI_Abort of a job of one only adds Open MPI's banner

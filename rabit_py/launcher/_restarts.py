@@ -73,6 +73,8 @@ def run_with_restarts(launch: Launch, max_restarts: int, delay: float,
             if not outcome.restartable:
                 print(f"rabit-run: the job cannot start: {outcome.why}; not restarting it (a "
                       f"restart would fail the same way)" if outcome.setup else
+                      f"rabit-run: the program aborted the job: {outcome.why}; not "
+                      f"restarting it" if outcome.aborted else
                       f"rabit-run: the job failed: {outcome.why}. A bug in the program, which "
                       f"a restart would repeat: not restarting it", file=sys.stderr,
                       flush=True)

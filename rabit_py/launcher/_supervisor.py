@@ -61,8 +61,8 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from ._output import pump
 from ._processes import descendants, forwarded, is_stopped, kill_tree, start_time
-from .._status import (BUG, SETUP, STATUS_DIR_VARIABLE, Report, job_done, process_alive,
-                       read_reports)
+from .._status import (ABORT, BUG, SETUP, STATUS_DIR_VARIABLE, Report, job_done,
+                       process_alive, read_reports)
 
 __all__ = ["Attempt", "Outcome", "descendants", "kill_tree", "forwarded", "STATUS_DIR_VARIABLE"]
 
@@ -88,6 +88,7 @@ class Outcome:
     why: str = ""                    # why it failed, for the summary ("" = it did not)
     restartable: bool = True         # whether a restart may help
     setup: bool = False              # the job could not start as set up (not restartable)
+    aborted: bool = False            # the program ended the job on purpose (not restartable)
     started: bool = False            # whether any rank started
     recoveries: int = 0              # in-job recoveries the ranks reported
     replaced: int = 0                # processes that replaced a dead rank in the job
@@ -267,8 +268,9 @@ class Attempt:
             # (a peer that a bug's abort killed, a recovery it made impossible).
             _, first = min(fatal.items(), key=lambda item: (item[1].fatal_at, item[0]))
             category, reason = first.fatal           # type: ignore[misc]
-            outcome.restartable = category not in (BUG, SETUP)
+            outcome.restartable = category not in (BUG, SETUP, ABORT)
             outcome.setup = category == SETUP
+            outcome.aborted = category == ABORT
             outcome.why = reason
         elif stopped is not None:
             outcome.why = stopped
