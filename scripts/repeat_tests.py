@@ -7,8 +7,8 @@ Each run starts one ``python -m pytest -q`` per file, in turn, while ``--hogs``
 CPU-bound loops run beside it (a loaded node: scheduling delays are where
 races show). It prints a line per run and file (passed, failed, the failed
 tests' names), then a table of passes per file, and writes JSON with every
-run. A flaky test is a failed test: the point of the script is the count.
-The hogs are this script's own children and are ended at the end, however it
+run (a failed run's whole output goes to a text file beside it). A flaky
+test is a failed test: the point of the script is the count. The hogs are this script's own children and are ended at the end, however it
 ends.
 """
 
@@ -41,7 +41,8 @@ def run_file(path: str, timeout: float) -> Dict[str, object]:
     summary = (re.findall(r"^=* ?(\d+ (?:passed|failed).*?) in [\d.]+s", out, re.MULTILINE)
                or [out.strip().splitlines()[-1] if out.strip() else ""])[-1]
     return {"file": path, "code": code, "seconds": round(time.monotonic() - start, 1),
-            "failed": failed, "summary": summary, "tail": out[-3000:] if code else ""}
+            "failed": failed, "summary": summary, "tail": out[-3000:] if code else "",
+            "output": out if code else ""}
 
 
 def main(argv: List[str]) -> int:
@@ -62,6 +63,15 @@ def main(argv: List[str]) -> int:
             for path in args.files:
                 result = run_file(path, args.timeout)
                 result["run"] = index
+                if result["output"]:
+                    # A failure's whole output (pytest's report of every failed
+                    # test), beside the JSON: the tail alone shows the last one.
+                    name = (os.path.splitext(args.json)[0]
+                            + f"-run{index + 1}-{os.path.basename(path)}.txt")
+                    os.makedirs(os.path.dirname(os.path.abspath(name)), exist_ok=True)
+                    with open(name, "w") as fh:
+                        fh.write(str(result["output"]))
+                    result["output"] = name
                 runs.append(result)
                 verdict = "ok" if result["code"] == 0 else f"FAILED (status {result['code']})"
                 print(f"run {index + 1}/{args.runs} {path}: {verdict}, {result['summary']}, "
