@@ -8,8 +8,8 @@ CPU-bound loops run beside it (a loaded node: scheduling delays are where
 races show). It prints a line per run and file (passed, failed, the failed
 tests' names), then a table of passes per file, and writes JSON with every
 run (a failed run's whole output goes to a text file beside it). A flaky
-test is a failed test: the point of the script is the count. The hogs are this script's own children and are ended at the end, however it
-ends.
+test is a failed test: the point of the script is the count. The hogs are
+this script's own children and are ended at the end, however it ends.
 """
 
 from __future__ import annotations
