@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 import warnings
 from typing import Any, Mapping, Optional
 
@@ -257,7 +258,9 @@ def from_rabit_args(args: Any = None, lib: str = "standard",
 
     Args:
         args: ``key=value`` strings or bytes (``sys.argv`` is fine: words
-            without ``=`` are skipped), or None.
+            without ``=`` are skipped); None reads ``sys.argv``, as Rabit's
+            documentation says (so ``init(lib='mock')`` finds the ``mock=``
+            arguments of the command line).
         lib: Rabit's library: ``"standard"``, ``"base"``, ``"robust"``,
             ``"mpi"`` (the engine rabit-run picks) or ``"mock"`` (fault
             injection by the ``mock=`` entries).
@@ -272,6 +275,8 @@ def from_rabit_args(args: Any = None, lib: str = "standard",
         ValueError: an unknown ``lib``, or a value that is not a number.
     """
     del lib_dll
+    if args is None:
+        args = sys.argv     # Rabit's docstring: "Defaults to sys.argv when it is None"
     if lib not in RABIT_LIBS:
         raise ValueError(f"lib={lib!r} is not one of Rabit's libraries "
                          f"({', '.join(RABIT_LIBS)})")
