@@ -45,7 +45,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-import signal
 import socket
 import sys
 from typing import Any, Callable, Dict, Optional, TypeVar, Union
@@ -235,13 +234,13 @@ def allreduce(data: np.ndarray, op: Op) -> np.ndarray:
 
 
 def signal_error() -> None:
-    """Stop the job because this rank failed (``xgboost.collective.signal_error``:
-    "Kill the process"): the rank ends itself, and its peers' calls raise
-    instead of waiting for it (under rabit-run the job then ends or recovers
-    by its policy)."""
+    """End the job because this rank failed (``xgboost.collective.signal_error``:
+    "Kill the process"): :func:`rabit_py.abort`, so that the peers stop
+    instead of waiting for this rank, and rabit-run does not restart the job
+    (a replacement would only call it again). Does not return.
+    """
     sys.stdout.flush()
-    sys.stderr.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
+    api.abort("xgboost.collective.signal_error() was called")
 
 
 class CommunicatorContext:

@@ -309,12 +309,15 @@ if rabit.get_rank() == 1:
     if sys.argv[1] == "mpi4py":
         from rabit_py.mpi4py import MPI
         MPI.COMM_WORLD.Abort(3)
+    if sys.argv[1] == "collective":
+        import rabit_py.collective as collective
+        collective.signal_error()
     rabit.abort("the input file is missing")
 time.sleep(60)
 """
 
 
-@pytest.mark.parametrize("how", ["rabit", "mpi4py"])
+@pytest.mark.parametrize("how", ["rabit", "mpi4py", "collective"])
 def test_abort_ends_the_job_at_once_and_is_not_restarted(how, tmp_path):
     program = tmp_path / "aborter.py"
     program.write_text(ABORTER)
@@ -324,8 +327,9 @@ def test_abort_ends_the_job_at_once_and_is_not_restarted(how, tmp_path):
     elapsed = time.monotonic() - started
     assert code != 0, out
     assert elapsed < 50, f"took {elapsed:.0f} s: the others slept instead of ending\n{out}"
-    reason = ("the input file is missing" if how == "rabit"
-              else r"MPI.COMM_WORLD.Abort\(3\) was called")
+    reason = {"rabit": "the input file is missing",
+              "mpi4py": r"MPI.COMM_WORLD.Abort\(3\) was called",
+              "collective": r"xgboost.collective.signal_error\(\) was called"}[how]
     assert re.search(rf"^rabit_py: rank 1: {reason}; aborting the job$", out, re.M), out
     assert re.search(rf"^rabit-run: the program aborted the job: rank 1: {reason}; not "
                      rf"restarting it$", out, re.M), out
