@@ -235,7 +235,13 @@ def test_a_spawn_refills_the_spares():
     assert (joined[(1, 1)], joined[(2, 1)], joined[(3, 1)]) == ("spare", "spawned", "spare"), \
         out[-6000:]
     assert "3 in-job recoveries (3 processes replaced)" in out, out[-3000:]
-    assert "stopping the job" not in out, out[-3000:]
+    # Every process of ours ends (the released spares included). Open MPI's
+    # own MPI_Finalize may then hang in processes of the original launch
+    # (Note [teardown hang]); rabit-run ends those, and says so.
+    assert "did not end" not in out, out[-3000:]
+    stops = [line for line in out.splitlines() if "stopping the job" in line]
+    assert all("ended rabit_py and hang in MPI's own teardown" in line for line in stops), \
+        out[-3000:]
     results = {r["rank"]: r for r in parse(out, "RESULT")}
     assert sorted(results) == [0, 1, 2, 3], out[-6000:]
     for rank, r in results.items():

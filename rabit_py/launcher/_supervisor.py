@@ -36,6 +36,18 @@ the spawn (or just before it, which wedges it as well). The condition must
 hold ``SPAWN_DEATH_S`` (heartbeats lag up to a second behind a spawn that
 ended) before rabit-run ends the job for a restart.
 
+# Note [teardown hang]
+After in-job recoveries that spawned processes, Open MPI 5's MPI_Finalize
+sometimes never returns in processes of the original launch (seen: about 1
+run in 15 of the spare-refill test under CPU hogs; gdb: the main thread in
+``ompi_mpi_finalize`` -> ``usleep``, waiting on the runtime, for good; the
+parents of dynamic processes that hang in finalize are open-mpi/ompi#13127).
+The job's work is done: every rank finalized and wrote its exit report, which
+rabit_py does just before MPI_Finalize. Rule (c) ends such a job after
+``EXIT_GRACE_S`` with exit status 0, and says which processes were left and
+whether they had ended rabit_py (then the hang is MPI's) or not (a process of
+ours that did not end, e.g. a spare never released: that is a bug of ours).
+
 A job is given private folders for what Open MPI leaves on the node (its
 session directory, the shared-memory backing files), and they are removed
 when the attempt ends, however it ends (clean exit, abort, stall, Ctrl-C).
@@ -418,8 +430,7 @@ class _Watch:
         if clean >= self.attempt.ranks:
             self.finalized_since = self.finalized_since or now
             if now - self.finalized_since > EXIT_GRACE_S:
-                return (f"every rank finalized but the job did not exit within "
-                        f"{EXIT_GRACE_S:g} s (an Open MPI teardown hang)")
+                return teardown_message(reports, processes)
         else:
             self.finalized_since = None
         alive = {n: r for n, r in ranks.items() if self._alive(n, r, now)}
@@ -508,3 +519,22 @@ class _Watch:
             self.beats[name] = (beat[0], now)
             return True
         return now - last[1] < BEAT_STALE_S
+
+
+def teardown_message(reports: Dict[str, Report], processes: List[int]) -> str:
+    """Why rule (c) stops a job whose ranks all finalized (Note [teardown
+    hang]): the processes left, and whether they are past rabit_py's exit
+    (their exit report is written: they are inside MPI_Finalize) or not."""
+    names = {r.started_by[0]: name for name, r in reports.items() if r.started_by}
+    past_exit = {r.started_by[0] for r in reports.values()
+                 if r.started_by and (r.ok or r.failed is not None)}
+    left = sorted(processes)
+    inside = [f"{names[pid]} (pid {pid})" for pid in left if pid in past_exit]
+    others = [f"{names.get(pid, 'a process')} (pid {pid})" for pid in left
+              if pid not in past_exit]
+    head = f"every rank finalized but the job did not exit within {EXIT_GRACE_S:g} s: "
+    if others:
+        return head + f"{', '.join(others)} did not end; stopping the job"
+    return head + (f"{', '.join(inside) or 'its processes'} ended rabit_py and hang in MPI's "
+                   f"own teardown (MPI_Finalize; an Open MPI bug after spawned processes, "
+                   f"open-mpi/ompi#13127); stopping the job")

@@ -481,3 +481,19 @@ def test_a_read_only_checkpoint_folder_is_a_set_up_error(tmp_path):
         assert "cannot be made" in folder_problem(str(folder / "sub"))
     finally:
         folder.chmod(0o755)
+
+
+def test_a_teardown_stop_says_whether_the_processes_left_are_past_rabit_py():
+    from rabit_py._status import Report
+    from rabit_py.launcher._supervisor import teardown_message
+
+    reports = {"rank-0": Report(started=True, started_by=(101, "h"), ok=True),
+               "rank-1": Report(started=True, started_by=(102, "h"), ok=True),
+               "spare-4": Report(started=True, started_by=(105, "h"))}
+    inside = teardown_message(reports, [102, 101])
+    assert inside.startswith("every rank finalized but the job did not exit within 10 s: ")
+    assert ("rank-0 (pid 101), rank-1 (pid 102) ended rabit_py and hang in MPI's own "
+            "teardown") in inside and "open-mpi/ompi#13127" in inside
+    ours = teardown_message(reports, [101, 105, 999])
+    assert "spare-4 (pid 105), a process (pid 999) did not end; stopping the job" in ours
+    assert "MPI's own teardown" not in ours
