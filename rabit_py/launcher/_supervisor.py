@@ -39,9 +39,14 @@ ended) before rabit-run ends the job for a restart.
 # Note [teardown hang]
 After in-job recoveries that spawned processes, Open MPI 5's MPI_Finalize
 sometimes never returns in processes of the original launch (seen: about 1
-run in 15 of the spare-refill test under CPU hogs; gdb: the main thread in
-``ompi_mpi_finalize`` -> ``usleep``, waiting on the runtime, for good; the
-parents of dynamic processes that hang in finalize are open-mpi/ompi#13127).
+run in 6 of the spare-refill scenario under CPU load, 1 in 25 of Rabit's
+local_recover.py with two mock kills; gdb: the main thread in
+``ompi_mpi_finalize`` -> ``usleep``, the lazy wait for the PMIx fence that
+opens MPI_Finalize, for good, in the processes of the original launch, the
+spawned ones gone). Open MPI's issues: the fence waiting on failed processes
+(open-mpi/ompi#9434, closed as fixed in 2022) and parents of spawned
+processes hanging in finalize (open-mpi/ompi#13127, open). MPI 5.0.11 has no
+switch to skip that fence (``ompi_async_mpi_finalize`` is not a setting).
 The job's work is done: every rank finalized and wrote its exit report, which
 rabit_py does just before MPI_Finalize. Rule (c) ends such a job after
 ``EXIT_GRACE_S`` with exit status 0, and says which processes were left and
@@ -536,5 +541,5 @@ def teardown_message(reports: Dict[str, Report], processes: List[int]) -> str:
     if others:
         return head + f"{', '.join(others)} did not end; stopping the job"
     return head + (f"{', '.join(inside) or 'its processes'} ended rabit_py and hang in MPI's "
-                   f"own teardown (MPI_Finalize; an Open MPI bug after spawned processes, "
-                   f"open-mpi/ompi#13127); stopping the job")
+                   f"own teardown (MPI_Finalize's fence; an Open MPI bug after spawned "
+                   f"processes, open-mpi/ompi#9434, #13127); stopping the job")

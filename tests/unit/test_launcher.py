@@ -493,7 +493,7 @@ def test_a_teardown_stop_says_whether_the_processes_left_are_past_rabit_py():
     inside = teardown_message(reports, [102, 101])
     assert inside.startswith("every rank finalized but the job did not exit within 10 s: ")
     assert ("rank-0 (pid 101), rank-1 (pid 102) ended rabit_py and hang in MPI's own "
-            "teardown") in inside and "open-mpi/ompi#13127" in inside
+            "teardown") in inside and "open-mpi/ompi#9434, #13127" in inside
     ours = teardown_message(reports, [101, 105, 999])
     assert "spare-4 (pid 105), a process (pid 999) did not end; stopping the job" in ours
     assert "MPI's own teardown" not in ours
