@@ -45,7 +45,7 @@ local_recover.py with two mock kills; gdb: the main thread in
 opens MPI_Finalize, for good, in the processes of the original launch, the
 spawned ones gone). Open MPI's issues: the fence waiting on failed processes
 (open-mpi/ompi#9434, closed as fixed in 2022) and parents of spawned
-processes hanging in finalize (open-mpi/ompi#13127, open). MPI 5.0.11 has no
+processes hanging in finalize (open-mpi/ompi#13127, open). Open MPI 5.0.11 has no
 switch to skip that fence (``ompi_async_mpi_finalize`` is not a setting).
 The job's work is done: every rank finalized and wrote its exit report, which
 rabit_py does just before MPI_Finalize. Rule (c) ends such a job after
