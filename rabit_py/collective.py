@@ -21,7 +21,8 @@ What this module keeps from XGBoost 3.2 (``xgboost/collective.py``), where
   input's shape: programs that want the shape reshape the result, which works
   with both). It takes NumPy arrays of any layout and of XGBoost's dtypes
   (float16/32/64, int8-64, uint8-64), and raises ``TypeError`` for anything
-  else (a list, bool, complex), as XGBoost does.
+  else (a list, bool, complex), as XGBoost does; also for float128, which
+  XGBoost reduces where the platform has it and rabit_py does not.
 - ``Op`` is XGBoost's: ``BITWISE_AND`` is 3, ``BITWISE_OR`` 4,
   ``BITWISE_XOR`` 5 (``rabit_py.Op.BITOR`` is 3: the two enums are not
   interchangeable, so a raw 3 means what it means in XGBoost here).
@@ -62,10 +63,11 @@ __all__ = ["init", "finalize", "get_rank", "get_world_size", "is_distributed",
 T = TypeVar("T")
 ArgValue = Optional[Union[int, str]]
 
-# XGBoost's dtypes (collective._map_dtype); float128 where NumPy has it.
+# XGBoost's dtypes (collective._map_dtype), less float128 (Note [xgboost
+# collective semantics]).
 _DTYPES = frozenset(np.dtype(t) for t in (
     "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
-    "uint32", "uint64") + (("float128",) if hasattr(np, "float128") else ()))
+    "uint32", "uint64"))
 
 
 @enum.unique
