@@ -79,18 +79,19 @@ def init(engine: Any = "auto", comm: Optional[Any] = None, **config: Any) -> Non
 def _rabit_call_form(engine: Any, comm: Any, config: dict) -> tuple:
     """Rabit's ``init(args=None, lib='standard', lib_dll=None)`` in rabit_py's
     terms: ``(engine, comm, settings)``; rabit_py's own form unchanged."""
-    rabit_keys = {"args", "lib", "lib_dll"} & set(config)
-    if isinstance(engine, str) and not isinstance(comm, str) and not rabit_keys:
+    positional = not isinstance(engine, str)        # init(args[, lib]), Rabit's order
+    if not positional and not {"args", "lib", "lib_dll"} & set(config):
         return engine, comm, config
     from .config import from_rabit_args
 
     config = dict(config)
-    args = config.pop("args", None) if isinstance(engine, str) else engine
-    lib = comm if isinstance(comm, str) else config.pop("lib", "standard")
+    args = engine if positional else config.pop("args", None)
+    lib_given = positional and isinstance(comm, str)
+    lib = comm if lib_given else config.pop("lib", "standard")
     name, settings = from_rabit_args(args, lib, config.pop("lib_dll", None))
-    if isinstance(engine, str) and engine != "auto" and name == "auto":
+    if not positional and engine != "auto" and name == "auto":
         name = engine
-    return name, (None if isinstance(comm, str) else comm), {**settings, **config}
+    return name, (None if lib_given else comm), {**settings, **config}
 
 
 def _read_once(exc: BaseException, every_rank: bool = False) -> None:

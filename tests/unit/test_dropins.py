@@ -156,3 +156,18 @@ def test_refused_calls_say_why_by_kind():
     assert "not built" in dropin._why("Alltoall") and "not built" in dropin._why("Scan")
     with pytest.raises(ValueError, match="root=4 is not a rank of the 4 ranks"):
         dropin._check_root(4, 4, "bcast")
+
+
+def test_rabit_call_forms_map_onto_init_and_leave_rabit_pys_own_alone():
+    from rabit_py.api import _rabit_call_form
+
+    assert _rabit_call_form(["prog", "mock=0,0,1,0"], "mock", {}) == (
+        "mock", None, {"mock": "0,0,1,0"})
+    assert _rabit_call_form("robust", None, {"lib": "standard", "timeout": 5}) == (
+        "robust", None, {"timeout": 5})
+    assert _rabit_call_form("auto", None, {"args": ["rabit_timeout_sec=9"]}) == (
+        "auto", None, {"timeout": 9.0})
+    # rabit_py's own form, even with a string where a communicator goes: init
+    # refuses it as before (TypeError), it is not taken for Rabit's lib.
+    assert _rabit_call_form("auto", "COMM_WORLD", {"check": False}) == (
+        "auto", "COMM_WORLD", {"check": False})
