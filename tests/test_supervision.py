@@ -339,7 +339,9 @@ def test_a_skipped_call_raises_the_mismatch_on_every_rank_under_load():
                               if line.startswith("OUTCOME "))
             assert "Unpickling" not in out, (attempt, out[-4000:])
             assert [o[1] for o in outcomes].count("CollectiveMismatchError") >= 1, out[-4000:]
-            assert all(o[1] == "CollectiveMismatchError" for o in outcomes), (attempt, out)
+            # The outcomes first: pytest shortens a long message in the middle.
+            assert all(o[1] == "CollectiveMismatchError" for o in outcomes), \
+                (attempt, outcomes, out[-4000:])
     finally:
         for proc in busy:
             proc.kill()
