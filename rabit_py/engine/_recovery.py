@@ -79,12 +79,16 @@ class Recovery:
         self.quick_deaths: Dict[int, int] = dict(state.quick_deaths) if state else {}
         self.repair_times = RepairTimes()
         self.repairing = False
+        self.gave_up = False        # the last repair ended the job: not a recovery
         self.log: List[Dict[str, Any]] = []
 
     def status(self) -> Tuple[bool, List[int], int, int]:
-        """(repairing now, ranks being spawned for, recoveries, processes replaced)."""
+        """(repairing now, ranks being spawned for, recoveries, processes replaced).
+        A repair that ended the job (``RecoveryError``) is not counted as a
+        recovery: rabit-run's summary counts the ones that recovered."""
         spawning = list(self.repair_times.spawning) if self.repairing else []
-        return self.repairing, spawning, self.recoveries, sum(self.trials.values())
+        done = max(0, self.recoveries - (1 if self.gave_up else 0))
+        return self.repairing, spawning, done, sum(self.trials.values())
 
     def caught_up(self) -> None:
         """Every rank runs the same call again: the replacements caught up."""
@@ -96,6 +100,7 @@ class Recovery:
         """The job cannot be recovered in place: the engine is unusable, and
         rabit-run is told whether a restart may help. Returns ``error``."""
         self.frame.broken = self.frame.broken or str(error)
+        self.gave_up = True
         self.frame.reporter.fatal(RESTART if error.restartable else BUG, str(error))
         return error
 
