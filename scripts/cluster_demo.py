@@ -119,6 +119,13 @@ class Hosts:
         subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
     def _up(self) -> None:
+        self.sweep_stale()
+        # Who made these hosts: a later run removes them if this process dies
+        # before down() (SIGKILL, a machine restart), see sweep_stale.
+        from rabit_py.launcher._processes import start_time
+        (self.base / "owner.json").write_text(json.dumps({
+            "pid": os.getpid(), "started": start_time(os.getpid()), "names": self.names,
+            "veths": self._veths, "bridge": self.bridge}))
         self.shared.mkdir()
         self._ip("link", "add", self.bridge, "type", "bridge")
         self._made.append("bridge")
@@ -179,6 +186,24 @@ class Hosts:
             if not self.base.exists():
                 break
             time.sleep(0.2)
+
+    @classmethod
+    def sweep_stale(cls) -> None:
+        """Remove the hosts of earlier runs whose process died before taking
+        them down (their ``owner.json`` names a process that is gone)."""
+        from rabit_py.launcher._processes import start_time
+        for owner in Path("/var/tmp").glob("rabit-hosts-*/owner.json"):
+            try:
+                made = json.loads(owner.read_text())
+            except (OSError, ValueError):
+                continue
+            if made.get("started") and start_time(made["pid"]) == made["started"]:
+                continue                    # its maker still runs
+            stale = cls.__new__(cls)
+            stale.names, stale._veths, stale.bridge = made["names"], made["veths"], made["bridge"]
+            stale.base = owner.parent
+            stale._made = [*made["names"], "bridge"]
+            stale.down()
 
     # ------------------------------------------------------------ using
     def pids(self, host: str) -> List[int]:

@@ -81,3 +81,36 @@ def test_a_job_across_namespace_hosts_gives_the_one_machine_bits(reference, scen
         assert "replaced rank(s) [3]" in out or "restart 1 of 2" in out, out[-6000:]
     if scenario in ("kill-host", "freeze-host"):
         assert "cannot be reached" in out and "restart 1 of 2" in out, out[-6000:]
+
+
+@pytest.mark.skipif(not CAN_MAKE_HOSTS, reason=WHY_NOT)
+def test_hosts_left_by_a_killed_run_are_removed_by_the_next():
+    import signal
+    import subprocess
+
+    # A process makes two hosts and is SIGKILLed before it can take them down.
+    maker = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; sys.path.insert(0, sys.argv[1]); import cluster_demo\n"
+         "hosts = cluster_demo.Hosts(2).__enter__()\n"
+         "print(' '.join(hosts.names), flush=True); time.sleep(120)\n",
+         str(ROOT / "scripts")], stdout=subprocess.PIPE, text=True)
+    try:
+        names = maker.stdout.readline().split()
+        assert len(names) == 2, names
+        maker.send_signal(signal.SIGKILL)
+        maker.wait(timeout=30)
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert all(name in listed for name in names), listed
+        with cluster_demo.Hosts(1) as hosts:
+            listed = subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                    text=True).stdout
+            assert hosts.names[0] in listed
+            assert not any(name in listed for name in names), listed
+    finally:
+        if maker.poll() is None:
+            maker.kill()
+            maker.wait()
+        cluster_demo.Hosts.sweep_stale()
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(name in listed for name in names + hosts.names), listed
