@@ -61,11 +61,11 @@ def test_rabit_programs_run_unchanged(module):
     found = rabit_results(out)
     for r in found["basic"]:
         assert r["world"] == 3
-        assert r["max"] == [2.0, 3.0, 4.0] and r["sum"] == [6.0, 9.0, 12.0], r
+        assert r["max"] == [4.0, 5.0, 1.5] and r["sum"] == [12.0, 15.0, 4.5], r
     for r in found["broadcast"]:
-        assert r["s"] == [["2", 3], ["hello world", 100]], r
+        assert r["s"] == [["9", "nine"], ["model", [0.5, 7]]], r
     for r in found["lazy"]:
-        assert r["a"] == [2.0, 3.0, 4.0] and r["prepared"] == [r["rank"]], r
+        assert r["a"] == [6.0, 1.0, 0.0] and r["prepared"] == [r["rank"]], r
     sem = found["semantics"]
     assert [r["rank"] for r in sem] == [0, 1, 2]
     for r in sem:
@@ -96,7 +96,10 @@ def test_rabit_mock_arguments_kill_and_recover(module):
     assert "rank 1 killed at version 1" in out and "rank 2 killed at version 2" in out, out
     found = rabit_results(out)["recover"]
     assert [r["rank"] for r in found] == [0, 1, 2]
-    assert all(r["model"] == [69.0] * 10 and r["version"] == 3 for r in found), found
+    # As without kills (computed by hand: model <- sum over ranks of model / 2 +
+    # local, local <- local + round + 1, from local = rank).
+    assert all(r["model"] == [62.625] * 4 and r["version"] == 4 for r in found), found
+    assert [r["local"] for r in found] == [[10.0 + r] * 4 for r in range(3)], found
 
 
 def test_an_xgboost_rabit_program_runs_unchanged():

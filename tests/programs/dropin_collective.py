@@ -27,11 +27,13 @@ def communicator(world: int) -> None:
         assert collective.get_world_size() == world
         assert collective.is_distributed() == (world > 1)
         assert collective.get_processor_name() == socket.gethostname()
-        assert collective.broadcast("test1234", 0) == "test1234"
-        data = np.asarray([1, 2, 3])
+        me = collective.get_rank()
+        assert collective.broadcast(("from root", 0.25), 0) == ("from root", 0.25)
+        data = np.asarray([me, 10, -me])
         total = collective.allreduce(data, collective.Op.SUM)
-        assert total.tolist() == [world, 2 * world, 3 * world]
-        assert data.tolist() == [1, 2, 3], "the input must not be written"
+        assert total.tolist() == [world * (world - 1) // 2, 10 * world,
+                                  -(world * (world - 1) // 2)]
+        assert data.tolist() == [me, 10, -me], "the input must not be written"
 
 
 def ops(world: int) -> None:
@@ -61,14 +63,17 @@ def ops(world: int) -> None:
 
 
 def large(world: int, size: int) -> None:
-    x = np.full(size, 1.0)
+    """Many one-element reductions, then a large one: exact sums, input kept."""
     with collective.CommunicatorContext(**TRACKER_ARGS):
-        k = np.asarray([1.0])
-        for _ in range(128):
-            assert collective.allreduce(k, collective.Op.SUM) == world
-        y = collective.allreduce(x, collective.Op.SUM)
-        assert np.array_equal(y, np.full_like(y, float(world)))
-        assert np.all(x == 1.0)
+        me = collective.get_rank()
+        big = np.arange(size, dtype=np.float64) + me
+        for step in range(64):
+            got = collective.allreduce(np.array([step, me], np.int32), collective.Op.SUM)
+            assert got.tolist() == [step * world, world * (world - 1) // 2], got
+        total = collective.allreduce(big, collective.Op.SUM)
+        expected = np.arange(size, dtype=np.float64) * world + world * (world - 1) / 2
+        assert np.array_equal(total, expected)
+        assert np.array_equal(big, np.arange(size, dtype=np.float64) + me)
 
 
 def broadcasts(world: int) -> None:
@@ -83,23 +88,26 @@ def broadcasts(world: int) -> None:
 
 
 def reuse(world: int, trials: int, seed: int) -> None:
-    """The same array through broadcast/allreduce calls, and init/finalize
-    repeated in one process (XGBoost's ``test_ops_reuse_comm`` pattern)."""
-    rng = np.random.default_rng(seed)
-    sequence = rng.choice(["broadcast", "allreduce_sum", "allreduce_max"], size=10).tolist()
-    a = np.arange(0, world)
+    """One array handed to broadcasts and reductions in a mixed order, in
+    several sessions of init/finalize in one process: every result right,
+    the array never written, and between sessions rank 0 of 1 again."""
+    order = np.random.default_rng(seed).permutation(np.tile(np.arange(3), 4)).tolist()
+    shared = np.arange(2 * world + 1) / 4.0          # quarters: sums are exact
     for _ in range(trials):
         with collective.CommunicatorContext(**TRACKER_ARGS):
-            for op in sequence:
-                if op == "broadcast":
-                    assert np.array_equal(collective.broadcast(a, root=min(1, world - 1)), a)
-                elif op == "allreduce_max":
-                    c = np.full_like(a, collective.get_rank())
-                    assert np.all(collective.allreduce(c, collective.Op.MAX) == world - 1)
+            me = collective.get_rank()
+            for kind in order:
+                if kind == 0:
+                    got = collective.broadcast(shared + me, root=world - 1)
+                    assert np.array_equal(got, shared + (world - 1))
+                elif kind == 1:
+                    got = collective.allreduce(np.full(3, me - 1), collective.Op.MIN)
+                    assert got.tolist() == [-1, -1, -1]
                 else:
-                    assert np.array_equal(collective.allreduce(a, collective.Op.SUM), a * world)
+                    got = collective.allreduce(shared, collective.Op.SUM)
+                    assert np.array_equal(got, shared * world)
         assert collective.get_rank() == 0 and collective.get_world_size() == 1
-    assert np.array_equal(a, np.arange(0, world))
+    assert np.array_equal(shared, np.arange(2 * world + 1) / 4.0)
 
 
 def worker_port(world: int) -> None:
@@ -135,7 +143,7 @@ def main() -> int:
         if name == "large":
             large(args.world, args.large)
         elif name == "reuse":
-            reuse(args.world, args.trials, seed=1994)
+            reuse(args.world, args.trials, seed=7)
         else:
             globals()[name](args.world)
         # The rank as the job numbered it (outside a job every process is 0).

@@ -21,12 +21,10 @@ import numpy as np
 
 
 def basic(rabit) -> dict:
-    """The guide's first program: MAX, then SUM, of rank + i."""
+    """A MAX, then a SUM of its result, assigned back as Rabit's programs do."""
     rabit.init(sys.argv)
-    rank, n = rabit.get_rank(), 3
-    a = np.zeros(n)
-    for i in range(n):
-        a[i] = rank + i
+    rank = rabit.get_rank()
+    a = np.array([2.0 * rank, 5.0 - rank, 1.5])
     a = rabit.allreduce(a, rabit.MAX)
     after_max = a.tolist()
     a = rabit.allreduce(a, rabit.SUM)
@@ -39,7 +37,7 @@ def broadcast(rabit) -> dict:
     """A dict from rank 0; the others pass None."""
     rabit.init(sys.argv)
     rank = rabit.get_rank()
-    s = {"hello world": 100, 2: 3} if rank == 0 else None
+    s = {"model": [0.5, 7], 9: "nine"} if rank == 0 else None
     s = rabit.broadcast(s, 0)
     rabit.finalize()
     return {"rank": rank, "s": sorted((str(k), v) for k, v in s.items())}
@@ -48,14 +46,13 @@ def broadcast(rabit) -> dict:
 def lazy(rabit) -> dict:
     """An allreduce whose buffer is filled by prepare_fun, in place."""
     rabit.init(sys.argv)
-    rank, n = rabit.get_rank(), 3
-    a = np.zeros(n)
+    rank = rabit.get_rank()
+    a = np.zeros(3)
     prepared = []
 
     def prepare(buf):
         prepared.append(rank)
-        for i in range(n):
-            buf[i] = rank + i
+        buf[:] = [3.0 * rank, 1.0, -rank]
 
     rabit.allreduce(a, rabit.MAX, prepare_fun=prepare)
     rabit.finalize()
@@ -63,21 +60,20 @@ def lazy(rabit) -> dict:
 
 
 def recover(rabit) -> dict:
-    """Rabit's local-recovery test: global and local models checkpointed each
-    round; with ``lib='mock'`` and ``mock=`` arguments ranks die and come back."""
+    """Rounds that checkpoint a global and a per-rank local model; with
+    ``lib='mock'`` and ``mock=`` arguments ranks die and come back, and the
+    local model must come back with them."""
     rabit.init(sys.argv, lib="mock")
-    rank, n, rounds = rabit.get_rank(), 10, 3
-    data = np.ones(n) * rank
+    rank, rounds = rabit.get_rank(), 4
     version, model, local = rabit.load_checkpoint(True)
     if version == 0:
-        model = np.zeros(n)
-        local = np.ones(n)
+        model, local = np.zeros(4), np.full(4, float(rank))
     for i in range(version, rounds):
-        res = rabit.allreduce(data + model + local, rabit.SUM)
-        model = res
-        local[:] = i
+        model = rabit.allreduce(model * 0.5 + local, rabit.SUM)
+        local = local + i + 1
         rabit.checkpoint(model, local)
-    out = {"rank": rank, "model": model.tolist(), "version": rabit.version_number()}
+    out = {"rank": rank, "model": model.tolist(), "local": local.tolist(),
+           "version": rabit.version_number()}
     rabit.finalize()
     return out
 
@@ -89,9 +85,9 @@ def xgboost_rabit(rabit) -> dict:
         world = rabit.get_world_size()
         name = rabit.get_processor_name()
         assert name.decode() == socket.gethostname(), name
-        assert rabit.broadcast("test1234", 0) == "test1234"
-        ret = rabit.allreduce(np.asarray([1, 2, 3]), rabit.Op.SUM)
-        assert np.array_equal(ret, np.asarray([1, 2, 3]) * world), ret
+        assert rabit.broadcast(["xgboost.rabit", 2], 0) == ["xgboost.rabit", 2]
+        ret = rabit.allreduce(np.asarray([4, 0, 9]), rabit.Op.SUM)
+        assert np.array_equal(ret, np.asarray([4, 0, 9]) * world), ret
         flags = rabit.allreduce(np.asarray([1 << rabit.get_rank()], np.int32), rabit.Op.OR)
         return {"rank": rabit.get_rank(), "world": world, "or": int(flags[0]),
                 "distributed": bool(rabit.is_distributed())}
