@@ -7,6 +7,7 @@
 from ._version import __version__
 from .api import (abort, allgather, allreduce, broadcast, checkpoint, finalize,
                   get_processor_name, get_rank, get_world_size, init, is_distributed,
+                  is_initialized,
                   lazy_checkpoint, load_checkpoint, session, tracker_print, version_number)
 from .errors import (CheckpointError, CollectiveMismatchError, CollectiveTimeoutError,
                      KVStoreError, NotInitializedError, RabitError, RecoveryError,
@@ -16,7 +17,8 @@ from .ops import BITAND, BITOR, BITXOR, MAX, MIN, PROD, SUM, CustomOp, Op
 __all__ = [
     "__version__",
     "init", "finalize", "session",
-    "get_rank", "get_world_size", "is_distributed", "get_processor_name",
+    "get_rank", "get_world_size", "is_distributed", "is_initialized",
+    "get_processor_name",
     "allreduce", "broadcast", "allgather", "Op", "CustomOp",
     "MAX", "MIN", "SUM", "PROD", "BITOR", "BITAND", "BITXOR",
     "checkpoint", "lazy_checkpoint", "load_checkpoint", "version_number",

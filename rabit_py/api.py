@@ -20,7 +20,7 @@ from .ops import OpLike
 __all__ = ["init", "finalize", "get_rank", "get_world_size", "is_distributed",
            "get_processor_name", "allreduce", "broadcast", "allgather", "checkpoint",
            "lazy_checkpoint", "load_checkpoint", "version_number", "tracker_print",
-           "session", "abort"]
+           "session", "abort", "is_initialized"]
 
 log = logging.getLogger("rabit_py")
 
@@ -186,6 +186,12 @@ def get_world_size() -> int:
         NotInitializedError: before ``init()``.
     """
     return _current().world_size
+
+
+def is_initialized() -> bool:
+    """Whether this process is in a job (between ``init`` and ``finalize``).
+    Never raises."""
+    return _engine is not None
 
 
 def is_distributed() -> bool:

@@ -53,7 +53,6 @@ from typing import Any, Callable, Dict, Optional, TypeVar, Union
 import numpy as np
 
 from . import api
-from .errors import NotInitializedError
 from .ops import Op as _RabitOp
 
 __all__ = ["init", "finalize", "get_rank", "get_world_size", "is_distributed",
@@ -152,28 +151,14 @@ def finalize() -> None:
     api.finalize()
 
 
-def _initialized() -> bool:
-    try:
-        api.get_rank()
-    except NotInitializedError:
-        return False
-    return True
-
-
 def get_rank() -> int:
     """This process's rank; 0 outside a job."""
-    try:
-        return api.get_rank()
-    except NotInitializedError:
-        return 0
+    return api.get_rank() if api.is_initialized() else 0
 
 
 def get_world_size() -> int:
     """The number of ranks; 1 outside a job."""
-    try:
-        return api.get_world_size()
-    except NotInitializedError:
-        return 1
+    return api.get_world_size() if api.is_initialized() else 1
 
 
 def is_distributed() -> bool:
@@ -204,7 +189,7 @@ def broadcast(data: T, root: int) -> T:
     rank = get_rank()
     if root == rank:
         assert data is not None, "need to pass in data when broadcasting"
-    if not _initialized():
+    if not api.is_initialized():
         return data
     # The root sends its object; an array goes as an array, into a new one on
     # the others (they pass None, so nothing of theirs is written).
@@ -230,7 +215,7 @@ def allreduce(data: np.ndarray, op: Op) -> np.ndarray:
         raise TypeError(f"data type {data.dtype} is not supported on the current platform.")
     rabit_op = _TO_RABIT[Op(op)]
     buf = data.ravel().copy()
-    if not _initialized():
+    if not api.is_initialized():
         return buf
     return api.allreduce(buf, rabit_op)
 

@@ -49,6 +49,7 @@ Other communicators (``MPI.COMM_SELF``) are mpi4py's own, unprotected.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import types
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -56,7 +57,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import api
-from .errors import NotInitializedError, UnsupportedCallError
+from .errors import UnsupportedCallError
 from .ops import Op
 
 __all__ = ["MPI", "Intracomm"]
@@ -73,9 +74,7 @@ def _mpi() -> Any:
 
 def _ensure_started() -> None:
     """mpi4py starts MPI at import; the drop-in starts rabit_py at first use."""
-    try:
-        api.get_rank()
-    except NotInitializedError:
+    if not api.is_initialized():
         api.init()
 
 
@@ -176,11 +175,17 @@ _BUILTIN = {"SUM": Op.SUM, "PROD": Op.PROD, "MAX": Op.MAX, "MIN": Op.MIN,
             "BAND": Op.BITAND, "BOR": Op.BITOR, "BXOR": Op.BITXOR}
 
 
+@functools.lru_cache(maxsize=None)
+def _op_names() -> Tuple[Tuple[Any, str], ...]:
+    """mpi4py's op objects with their names (looked up once, not per call)."""
+    real = _mpi()
+    return tuple((getattr(real, name), name) for name in (*_BUILTIN, *_LOGICAL))
+
+
 def _buffer_op(op: Any, dtype: np.dtype, call: str) -> Any:
     """rabit_py's op for an mpi4py op on buffers of ``dtype``."""
-    real = _mpi()
-    for name in (*_BUILTIN, *_LOGICAL):
-        if op is getattr(real, name):
+    for known, name in _op_names():
+        if op is known:
             if name in _BUILTIN:
                 return _BUILTIN[name]
             return _BOOL_LOGICAL[name] if dtype.kind == "b" else _LOGICAL[name]
@@ -457,20 +462,12 @@ class _Namespace(types.ModuleType):
 
     def Is_initialized(self) -> bool:  # noqa: N802
         """Whether rabit_py is running."""
-        return _started()
+        return api.is_initialized()
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
         return getattr(_mpi(), name)
-
-
-def _started() -> bool:
-    try:
-        api.get_rank()
-    except NotInitializedError:
-        return False
-    return True
 
 
 MPI = _Namespace("rabit_py.mpi4py.MPI", "mpi4py's MPI with a fault-tolerant COMM_WORLD "

@@ -55,7 +55,6 @@ import numpy as np
 
 from . import api
 from .config import from_rabit_args
-from .errors import NotInitializedError
 from .ops import Op as _RabitOp
 
 __all__ = ["init", "finalize", "get_rank", "get_world_size", "is_distributed",
@@ -83,14 +82,6 @@ class Op(enum.IntEnum):
     OR = 3
 
 
-def _initialized() -> bool:
-    try:
-        api.get_rank()
-    except NotInitializedError:
-        return False
-    return True
-
-
 def init(args: RabitArgs = None, lib: str = "standard", lib_dll: Any = None) -> None:
     """Join the job (Rabit's ``init``).
 
@@ -106,7 +97,7 @@ def init(args: RabitArgs = None, lib: str = "standard", lib_dll: Any = None) -> 
     Raises:
         ValueError, TypeError: as :func:`rabit_py.config.from_rabit_args`.
     """
-    if _initialized():
+    if api.is_initialized():
         warnings.warn("rabit.init call was ignored because it has already been initialized",
                       stacklevel=2)
         return
@@ -121,12 +112,12 @@ def finalize() -> None:
 
 def get_rank() -> int:
     """This process's rank; 0 outside a job."""
-    return api.get_rank() if _initialized() else 0
+    return api.get_rank() if api.is_initialized() else 0
 
 
 def get_world_size() -> int:
     """The number of ranks; 1 outside a job."""
-    return api.get_world_size() if _initialized() else 1
+    return api.get_world_size() if api.is_initialized() else 1
 
 
 def is_distributed() -> bool:
@@ -156,7 +147,7 @@ def broadcast(data: T, root: int) -> T:
     rank = get_rank()
     if root == rank:
         assert data is not None, "need to pass in data when broadcasting"
-    if not _initialized():
+    if not api.is_initialized():
         return data
     # Rabit pickles: every non-root gets a new object, even of an array that
     # rabit_py would broadcast into an array of the same shape.
@@ -190,7 +181,7 @@ def allreduce(data: np.ndarray, op: int,
         buf = buf.copy()
     if buf.dtype not in _DTYPES:
         raise TypeError(f"data type {buf.dtype} not supported")
-    if not _initialized():
+    if not api.is_initialized():
         if prepare_fun is not None:
             _prepare(prepare_fun, data, buf, copied)
         return buf
@@ -212,7 +203,7 @@ def load_checkpoint(with_local: bool = False) -> tuple:
     """The latest checkpoint: ``(version, global_model)`` or with
     ``with_local`` ``(version, global_model, local_model)``; version 0 and
     None models on a fresh start or outside a job."""
-    if not _initialized():
+    if not api.is_initialized():
         return (0, None, None) if with_local else (0, None)
     return tuple(api.load_checkpoint(with_local))
 
@@ -233,7 +224,7 @@ def lazy_checkpoint(global_model: Any) -> None:
 
 def version_number() -> int:
     """Checkpoints taken so far; 0 outside a job."""
-    return api.version_number() if _initialized() else 0
+    return api.version_number() if api.is_initialized() else 0
 
 
 class RabitContext:

@@ -13,17 +13,22 @@ from rabit_py.engine import _control as control
 from ._proc import rabit_run, run
 
 
-def _outcomes(path: str, call: str):
-    code, out = run(rabit_run(3, sys.executable, "tests/programs/interrupted_exchange.py",
-                              "--path", path, "--call", call), timeout=180)
+def _program_outcomes(ranks: int, program: str, *args: str):
+    """Run ``program`` on ``ranks`` ranks; its ``OUTCOMES {json}`` lines by rank."""
+    code, out = run(rabit_run(ranks, sys.executable, program, *args), timeout=180)
     assert code == 0, out[-4000:]
     found = {}
     for line in out.splitlines():
         if line.startswith("OUTCOMES "):
             counts = json.loads(line[len("OUTCOMES "):])
             found[counts.pop("rank")] = counts
-    assert sorted(found) == [0, 1, 2], out[-4000:]
+    assert sorted(found) == list(range(ranks)), out[-4000:]
     return found, out
+
+
+def _outcomes(path: str, call: str):
+    return _program_outcomes(3, "tests/programs/interrupted_exchange.py", "--path", path,
+                             "--call", call)
 
 
 def test_an_interrupted_mpi4py_allgather_returns_a_buffer_never_filled():
@@ -85,16 +90,7 @@ def test_a_call_stamp_keeps_the_version_and_the_call_number():
 
 
 def _hierarchy_outcomes(*flags):
-    code, out = run(rabit_run(4, sys.executable, "tests/programs/interrupted_hierarchy.py",
-                              *flags), timeout=180)
-    assert code == 0, out[-4000:]
-    found = {}
-    for line in out.splitlines():
-        if line.startswith("OUTCOMES "):
-            counts = json.loads(line[len("OUTCOMES "):])
-            found[counts.pop("rank")] = counts
-    assert sorted(found) == [0, 1, 2, 3], out[-4000:]
-    return found
+    return _program_outcomes(4, "tests/programs/interrupted_hierarchy.py", *flags)[0]
 
 
 def test_a_leader_whose_step_was_revoked_gives_its_node_no_partial_sum():
