@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, List, Optional
 
 import numpy as np
 
 from .config import Config
-from .engine.base import BROADCAST, CheckpointResult, Engine, PrepareFn
+from .engine import create as create_engine
+from .engine.base import BROADCAST, CheckpointResult, Engine, PrepareFn, Transport
 from .errors import NotInitializedError, RabitError
 from .ops import OpLike
 
 __all__ = ["init", "finalize", "get_rank", "get_world_size", "is_distributed",
            "get_processor_name", "allreduce", "broadcast", "allgather", "checkpoint",
            "lazy_checkpoint", "load_checkpoint", "version_number", "tracker_print",
-           "session", "abort", "is_initialized"]
+           "session", "abort", "is_initialized", "select_device"]
 
 log = logging.getLogger("rabit_py")
 
@@ -68,7 +69,7 @@ def init(engine: Any = "auto", comm: Optional[Any] = None, **config: Any) -> Non
         raise
     cfg.apply_logging()
     try:
-        _engine = _make_engine(cfg, comm)
+        _engine = create_engine(cfg, comm, device_transports=_device_transports)
     except Exception as exc:
         _read_once(exc)
         raise
@@ -99,38 +100,17 @@ def _read_once(exc: BaseException, every_rank: bool = False) -> None:
     different settings, an unusable checkpoint folder) is printed once if
     left uncaught (Note [one failure, read once] in ``engine/_lifecycle.py``)."""
     from .config import launched_rank
-    from .engine._lifecycle import is_every_rank, mark_every_rank, print_once
+    from .engine import report_init_error
 
-    if every_rank:
-        mark_every_rank(exc)
-    if is_every_rank(exc):
-        print_once(exc, launched_rank())
+    report_init_error(exc, launched_rank(), every_rank)
 
 
-def _make_engine(cfg: Config, comm: Optional[Any]) -> Engine:
-    from .engine._startup import ulfm_enabled
-    from .engine.mpi import MpiEngine
-    from .engine._join import is_replacement
+def _device_transports(engine: Engine) -> List[Transport]:
+    """The transports of device arrays (``rabit_py.gpu``), made at an
+    engine's first call on one (Note [transports] in ``engine/_transports.py``)."""
+    from .gpu import device_transports
 
-    name = cfg.engine
-    if name == "auto":
-        # A replacement process is robust by definition; otherwise recovery
-        # needs the job to have been started with fault tolerance.
-        name = "robust" if (ulfm_enabled() or is_replacement()) else "mpi"
-        log.debug("engine='auto' chose %r (MPI fault tolerance %s)", name,
-                  "on" if ulfm_enabled() else "off")
-    if cfg.spares and name == "mpi":
-        raise RabitError(
-            f"RABIT_SPARES={cfg.spares}: spares replace failed ranks, which only the robust "
-            f"engine does; launch the job with fault tolerance (`rabit-run --spares "
-            f"{cfg.spares} -n N python ...`) or set RABIT_SPARES=0")
-    if name == "mock":
-        from .engine.mock import MockEngine
-        return MockEngine(cfg, comm)
-    if name == "robust":
-        from .engine.robust import RobustEngine
-        return RobustEngine(cfg, comm)
-    return MpiEngine(cfg, comm)
+    return device_transports(engine)
 
 
 def finalize() -> None:
@@ -197,6 +177,35 @@ def is_initialized() -> bool:
 def is_distributed() -> bool:
     """Whether the job is initialized and has more than one rank. Never raises."""
     return _engine is not None and _engine.world_size > 1
+
+
+def select_device() -> int:
+    """Make GPU ``rank % device_count`` CuPy's current device, and return its
+    index: one rank per GPU where ranks fill each node in blocks of its GPU
+    count (a node's first G ranks on its G GPUs: Open MPI's default by-slot
+    placement with as many slots as GPUs, or ``--map-by ppr:G:node``). A
+    replacement that takes a dead rank's number takes its GPU. Not
+    collective. For torch: ``torch.cuda.set_device(rabit.select_device())``.
+    (It was ``rabit_py.gpu.select_device``: the README's "Moved" list.)
+
+    Raises:
+        ImportError: CuPy is not installed.
+        RabitError: no CUDA device is visible to this process.
+        NotInitializedError: before ``rabit_py.init()``.
+    """
+    import os
+
+    import cupy  # noqa: PLC0415 - only for GPU programs
+
+    rank = _current().rank
+    count = cupy.cuda.runtime.getDeviceCount()
+    if count < 1:
+        raise RabitError(f"rank {rank}: no CUDA device is visible to this process "
+                         f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
+                         f"use NumPy arrays, or run where a GPU is")
+    device = rank % count
+    cupy.cuda.Device(device).use()
+    return device
 
 
 def get_processor_name() -> str:

@@ -29,7 +29,7 @@ from rabit_py.engine._mpistart import MPI  # noqa: E402 - as rabit_py starts it
 
 import rabit_py as rabit  # noqa: E402
 from rabit_py.kvstore import KVStore  # noqa: E402
-from rabit_py.optimizer import SGD  # noqa: E402
+from rabit_py.kvstore.optimizer import SGD  # noqa: E402
 from rabit_py.extras import require  # noqa: E402
 
 SIZES = [64 * 2 ** 10, 2 ** 20, 16 * 2 ** 20]

@@ -9,7 +9,7 @@ backward), side by side in one run.
 The "model" is a stack of dense layers (float32); the backward pass is the
 matrix products that give each layer's weight gradient, last layer first.
 With ``--device cuda`` everything is CuPy on GPU ``rank % device_count``
-(``rabit_py.gpu.select_device``): NCCL where each rank has its own GPU,
+(``rabit_py.select_device``): NCCL where each rank has its own GPU,
 else staged through host memory; each step ends when the device is done.
 Prints a table (median step time per mode, ratio, and the share of the
 communication hidden behind computation), writes JSON, and draws the
@@ -31,7 +31,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 import rabit_py as rabit  # noqa: E402
-from rabit_py.bucket import GradientBucketer  # noqa: E402
+from rabit_py.ddp.bucket import GradientBucketer  # noqa: E402
 from rabit_py.extras import require  # noqa: E402
 
 
@@ -61,7 +61,7 @@ def main(argv: list | None = None) -> int:
 
         import rabit_py.gpu  # noqa: PLC0415
 
-        rabit_py.gpu.select_device()
+        rabit_py.select_device()
         sync = xp.cuda.get_current_stream().synchronize
     rng = np.random.default_rng(rank)
     acts = [xp.asarray(rng.standard_normal((args.batch, args.width), dtype=np.float32))

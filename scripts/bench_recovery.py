@@ -284,7 +284,7 @@ def durable_write_costs(reps: int = 9) -> Dict[int, tuple]:
     pruned versions recycled, Note [recycled files])."""
     import tempfile
 
-    from rabit_py._store import DurableStore
+    from rabit_py.engine._store import DurableStore
 
     def write_raw(path: str, blob: bytes) -> float:
         t0 = time.perf_counter()

@@ -46,7 +46,7 @@ import numpy as np
 
 import rabit_py as rabit
 from rabit_py.kvstore import KVStore
-from rabit_py.optimizer import SGD
+from rabit_py.kvstore.optimizer import SGD
 
 
 def make_data(rows: int, features: int, seed: int = 0) -> Tuple[np.ndarray, np.ndarray]:

@@ -1,5 +1,5 @@
 """Data-parallel training of a multi-layer perceptron (NumPy), with the
-gradients reduced by :class:`rabit_py.bucket.GradientBucketer` while the
+gradients reduced by :class:`rabit_py.ddp.bucket.GradientBucketer` while the
 backward pass is still running.
 
 Every step takes a global batch of ``batch_size`` rows, drawn from a seeded
@@ -25,7 +25,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 import rabit_py as rabit
-from rabit_py.bucket import GradientBucketer
+from rabit_py.ddp.bucket import GradientBucketer
 
 from ._common import cli_parser
 from ._common import (data_fingerprint, ensure_init, global_offset, progress, resume_state,
@@ -269,7 +269,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.device == "cuda":
             import rabit_py.gpu  # noqa: PLC0415 - GPU runs only
 
-            rabit_py.gpu.select_device()
+            rabit_py.select_device()
         X, y = load_shard(args.train, args.label_column)
         model = MLPClassifier([int(h) for h in args.hidden.split(",") if h], args.classes,
                               args.steps, args.batch_size, args.lr,

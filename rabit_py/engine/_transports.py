@@ -19,8 +19,12 @@ engine from the same cache either way), which only the engine's own
 collective has.
 
 The device candidates are made at the first call on something else than a
-NumPy array, and only if it is a device array: ``rabit_py.gpu`` (and CuPy)
-is never imported by a program that passes only host data. A NumPy array
+NumPy array, and only if it is a device array, by the factory that the
+engine's maker gave (``engine.create(..., device_transports=)``; the facade
+gives ``rabit_py.gpu``'s, which this package cannot import: ``gpu`` builds
+on ``engine.base``). ``rabit_py.gpu`` (and CuPy) is never imported by a
+program that passes only host data; without a factory a device array is
+refused as any unknown type is. A NumPy array
 takes the host transport without asking the list (one type check: this is
 every call's path).
 """
@@ -31,7 +35,8 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from .base import Engine, PrepareFn, Transport
+from .._arrays import is_device_array
+from .base import DeviceTransports, Engine, PrepareFn, Transport
 
 __all__ = ["HostTransport", "Transports"]
 
@@ -65,8 +70,9 @@ class HostTransport(Transport):
 class Transports:
     """An engine's ordered candidates (Note [transports])."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, device_transports: Optional[DeviceTransports]) -> None:
         self._engine = engine
+        self._device_transports = device_transports
         self.host = HostTransport(engine)
         self._candidates: Optional[List[Transport]] = None
 
@@ -75,13 +81,9 @@ class Transports:
         if type(data) is np.ndarray:
             return self.host
         if self._candidates is None:
-            from ..gpu._arrays import is_device_array  # noqa: PLC0415 - see the Note
-
-            if not is_device_array(data):
+            if self._device_transports is None or not is_device_array(data):
                 return self.host
-            from ..gpu._transports import device_transports  # noqa: PLC0415
-
-            self._candidates = device_transports(self._engine) + [self.host]
+            self._candidates = self._device_transports(self._engine) + [self.host]
         for candidate in self._candidates:
             if candidate.enabled(data, op):
                 return candidate

@@ -4,7 +4,7 @@ The engine numbers versions (a checkpoint ends one); this holds what the last
 one committed -- the global model as bytes, or as the object of a
 ``lazy_checkpoint`` (serialized only if a replacement needs it), and this
 rank's local model as bytes -- and writes versions to, and adopts them from,
-the durable store (Note [durable store] in ``rabit_py/_store.py``).
+the durable store (Note [durable store] in ``_store.py``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any, Optional, Tuple
 
 from ._mpistart import MPI
 
-from .._checkpoint import deserialize, serialize
-from .._store import DurableStore
+from ._checkpoint import deserialize, serialize
+from ._store import DurableStore
 from ..errors import CheckpointError
 from . import _control as control
 from ._lifecycle import mark_every_rank

@@ -17,7 +17,8 @@ import numpy as np
 
 from ..ops import OpLike
 
-__all__ = ["Engine", "PrepareFn", "CheckpointResult", "Transport", "Resources", "BROADCAST"]
+__all__ = ["Engine", "PrepareFn", "CheckpointResult", "Transport", "DeviceTransports",
+           "Resources", "BROADCAST"]
 
 PrepareFn = Callable[[np.ndarray], Any]
 CheckpointResult = Union[Tuple[int, Any], Tuple[int, Any, Any]]
@@ -54,6 +55,12 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def allgather(self, data: Any) -> Any:
         """As :func:`rabit_py.allgather`."""
+
+
+#: Makes an engine's device transports, asked before its host transport
+#: (Note [transports] in ``_transports.py``); called at the engine's first
+#: call on a device array. ``rabit_py.gpu.device_transports`` is one.
+DeviceTransports = Callable[["Engine"], List[Transport]]
 
 
 @dataclasses.dataclass

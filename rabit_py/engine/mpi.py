@@ -39,9 +39,7 @@ from ._mpistart import MPI
 from crc32c import crc32c
 from mpi4py.util.dtlib import from_numpy_dtype
 
-from .._checkpoint import serialize
 from .._status import SETUP, Reporter
-from .._store import DurableStore
 from ..config import Config
 from ..errors import CheckpointError, CollectiveMismatchError
 from ..ops import OpLike, dtype_code
@@ -49,17 +47,20 @@ from . import _control as control
 from ._broadcast import OBJECT as PICKLED
 from ._broadcast import (ARRAY, CHECK, DEVICE, ERROR, HEADER_LEN, STAMP, array_header,
                          broadcast_array, broadcast_device_array, root_header)
+from ._checkpoint import serialize
 from ._frame import ERR_PROC_FAILED, CallFrame
 from ._lifecycle import abort_init, install_excepthook, mark_every_rank
 from ._reduce import HostReduce
 from ._signature import OBJECT, Call, Kind
 from ._startup import check_same_settings, duplicates, ulfm_enabled
+from ._store import DurableStore
 from ._tags import PEER_PROBE_TAG
 from ._validate import check_allgather, check_allreduce, check_array_broadcast, check_root
+from ._transports import Transports
 from ._versions import Checkpoints
 from ._watchdog import Watchdog, deadline
-from ._transports import Transports
-from .base import CheckpointResult, Engine, PrepareFn, Resources, Transport
+from .base import (CheckpointResult, DeviceTransports, Engine, PrepareFn, Resources,
+                   Transport)
 
 __all__ = ["MpiEngine"]
 
@@ -83,7 +84,8 @@ class MpiEngine(Engine):
     """
 
     def __init__(self, config: Config, comm: Optional[Any] = None,
-                 check_settings: bool = True, recovers: bool = False) -> None:
+                 check_settings: bool = True, recovers: bool = False,
+                 device_transports: Optional[DeviceTransports] = None) -> None:
         base = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(base, MPI.Intracomm) or base == MPI.COMM_NULL:
             raise TypeError(f"comm must be an mpi4py intra-communicator (e.g. MPI.COMM_WORLD "
@@ -110,7 +112,7 @@ class MpiEngine(Engine):
         self.broadcast_payload: Optional[Any] = None
         self.broadcast_on_device = False
         self._resources = Resources()
-        self._transports = Transports(self)
+        self._transports = Transports(self, device_transports)
         # Every facade call asks it: bound once (a method call less per call).
         self.transport = self._transports.for_call  # type: ignore[method-assign]
         frame.reporter = Reporter.for_rank(config.run_status_dir, frame.rank)

@@ -61,22 +61,20 @@ import numpy as np
 
 from ._mpistart import MPI
 
-from .._checkpoint import deserialize, serialize
 from ..config import Config
 from ..errors import (CheckpointError, CollectiveMismatchError, PeerFailure, RabitError,
                       RecoveryError)
 from ..ops import OpLike, op_code
 from . import _control as control
-from ._cache import BOOT, Entry, ResultCache, code_key, default_budget, key_code
-from ._enter import enter_job
+from ._checkpoint import deserialize, serialize
 from ._lifecycle import raised_by_rabit_py
-from ._recovery import Recovery
-from ._replicas import Replicas
 from ._signature import Kind, shown
 from ._validate import check_allreduce
 from ._versions import NO_LAZY
-from .base import CheckpointResult, PrepareFn
+from .base import CheckpointResult, DeviceTransports, PrepareFn
 from .mpi import MpiEngine
+from .recovery import (BOOT, Entry, Recovery, Replicas, ResultCache, code_key, default_budget,
+                       enter_job, key_code)
 
 __all__ = ["RobustEngine"]
 
@@ -97,14 +95,16 @@ class RobustEngine(MpiEngine):
             launch the job.
     """
 
-    def __init__(self, config: Config, comm: Optional[Any] = None) -> None:
+    def __init__(self, config: Config, comm: Optional[Any] = None,
+                 device_transports: Optional[DeviceTransports] = None) -> None:
         joined = enter_job(config, comm)
         #: how this process joined: "start", "spare" or "spawned" (for the tests).
         self.joined_as = joined.joined_as
         config, comm, replacement = joined.config, joined.comm, joined.replacement
         # A replacement's settings come from the survivors (JoinState), and
         # only the job's start has every rank in the check.
-        super().__init__(config, comm, check_settings=not replacement, recovers=True)
+        super().__init__(config, comm, check_settings=not replacement, recovers=True,
+                         device_transports=device_transports)
         if replacement:
             # The survivors agree that every rank made its communicators
             # (_duplicate_repaired in _recovery.py); ours are made.

@@ -1,4 +1,7 @@
-"""CuPy arrays in the public API.
+"""CuPy arrays in the public API: the device transports (tier T1 of DESIGN.md;
+this package imports ``engine.base`` and tier T0 only, and the facade hands
+:func:`device_transports` to ``engine.create``). One GPU per rank:
+:func:`rabit_py.select_device`.
 
 # Note [device arrays]
 ``allreduce``, ``broadcast`` and ``allgather`` accept CuPy arrays. The backend
@@ -26,40 +29,10 @@ device array when its type comes from the ``cupy`` package.
 
 from __future__ import annotations
 
-import os
-
+from .._arrays import is_device_array, to_host
 from ..config import GPU_BACKENDS
-from ..errors import RabitError
-from ._arrays import is_device_array, to_host
+from ._transports import device_transports
 
-__all__ = ["is_device_array", "to_host", "BACKENDS", "select_device"]
+__all__ = ["is_device_array", "to_host", "BACKENDS", "device_transports"]
 
 BACKENDS = GPU_BACKENDS
-
-
-def select_device() -> int:
-    """Make GPU ``rank % device_count`` CuPy's current device, and return its
-    index: one rank per GPU where ranks fill each node in blocks of its GPU
-    count (a node's first G ranks on its G GPUs: Open MPI's default by-slot
-    placement with as many slots as GPUs, or ``--map-by ppr:G:node``). A
-    replacement that takes a dead rank's number takes its GPU. Not
-    collective. For torch: ``torch.cuda.set_device(rabit_py.gpu.select_device())``.
-
-    Raises:
-        ImportError: CuPy is not installed.
-        RabitError: no CUDA device is visible to this process.
-        NotInitializedError: before ``rabit_py.init()``.
-    """
-    import cupy  # noqa: PLC0415 - only for GPU programs
-
-    from .. import api  # noqa: PLC0415 - the facade imports this module
-
-    rank = api.get_rank()
-    count = cupy.cuda.runtime.getDeviceCount()
-    if count < 1:
-        raise RabitError(f"rank {rank}: no CUDA device is visible to this process "
-                         f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
-                         f"use NumPy arrays, or run where a GPU is")
-    device = rank % count
-    cupy.cuda.Device(device).use()
-    return device

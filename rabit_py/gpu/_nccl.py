@@ -48,7 +48,7 @@ import time
 from typing import Any, Callable, List, Optional
 
 from ..errors import CollectiveTimeoutError, RabitError
-from ._arrays import is_device_array
+from .._arrays import is_device_array
 from ..ops import OPS
 
 __all__ = ["NcclBackend", "nccl_reason", "takes_nccl"]

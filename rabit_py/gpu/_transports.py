@@ -11,7 +11,7 @@ import numpy as np
 
 from ..engine.base import BROADCAST, Engine, PrepareFn, Transport
 from ..errors import RabitError
-from ._arrays import is_device_array, to_host
+from .._arrays import is_device_array, to_host
 
 __all__ = ["NcclTransport", "StagedTransport", "device_transports"]
 

@@ -126,7 +126,7 @@ def split_args(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
 
 def make_parser() -> argparse.ArgumentParser:
     """The options of rabit-run (the rest goes to mpirun)."""
-    from .. import __version__
+    from .._version import __version__
 
     parser = argparse.ArgumentParser(
         prog="rabit-run",

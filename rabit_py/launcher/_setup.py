@@ -11,8 +11,8 @@ import shutil
 import warnings
 from typing import Dict, List, Optional
 
-from .._store import folder_problem
 from ..config import Config
+from ..engine import checkpoint_folder_problem
 
 __all__ = ["setup_problem"]
 
@@ -40,7 +40,7 @@ def setup_problem(program: List[str], env: Dict[str, str], one_node: bool) -> Op
         return None
     folder = env.get("RABIT_CHECKPOINT_DIR")
     if folder:
-        problem = folder_problem(folder)
+        problem = checkpoint_folder_problem(folder)
         if problem is not None:
             return problem
     return _program_problem(program, env)

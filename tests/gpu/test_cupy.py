@@ -45,11 +45,11 @@ def test_two_ranks_share_one_gpu_through_staged():
 
 NCCL_PROGRAM = r"""
 import cupy, numpy as np, rabit_py as rabit
-from rabit_py.bucket import GradientBucketer
+from rabit_py.ddp.bucket import GradientBucketer
 from rabit_py.gpu._nccl import NcclBackend
 rabit.init(engine="mpi", gpu_backend="nccl")
 rank, size = rabit.get_rank(), rabit.get_world_size()
-assert rabit.gpu.select_device() == rank % cupy.cuda.runtime.getDeviceCount()
+assert rabit.select_device() == rank % cupy.cuda.runtime.getDeviceCount()
 for dtype in (cupy.float16, cupy.float32, cupy.float64, cupy.int32, cupy.int64):
     x = cupy.full((1 << 20,), rank + 1, dtype=dtype)
     assert rabit.allreduce(x, rabit.Op.SUM) is x
@@ -92,7 +92,7 @@ TORCH_PROGRAM = r"""
 import copy, cupy, torch, rabit_py as rabit, rabit_py.torch as rt
 rabit.init(engine="mpi")
 rank, size = rabit.get_rank(), rabit.get_world_size()
-device = torch.device("cuda", rabit.gpu.select_device())
+device = torch.device("cuda", rabit.select_device())
 torch.cuda.set_device(device)
 torch.manual_seed(rank)                 # rank 0's weights reach the others
 net = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3))

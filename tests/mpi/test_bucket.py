@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import rabit_py as rabit
-from rabit_py.bucket import GradientBucketer
+from rabit_py.ddp.bucket import GradientBucketer
 
 from .conftest import WORLD, same_on_all_ranks
 
@@ -144,7 +144,7 @@ def test_two_bucketers_share_the_engine_thread(session):
 
 
 def test_comm_hooks(session):
-    from rabit_py.comm_hooks import allreduce_hook, fp16_compress_hook
+    from rabit_py.ddp.comm_hooks import allreduce_hook, fp16_compress_hook
 
     # The default hook is what average=True does without a hook.
     plain = GradientBucketer(params(), bucket_cap_mb=0.01, first_bucket_mb=0.001)

@@ -10,7 +10,7 @@ import pytest
 
 from rabit_py.errors import CheckpointError, KVStoreError
 from rabit_py.kvstore import KVStore, create
-from rabit_py.optimizer import SGD, Adam
+from rabit_py.kvstore.optimizer import SGD, Adam
 
 from ._fakes import FakeDeviceArray
 from .conftest import WORLD, same_on_all_ranks

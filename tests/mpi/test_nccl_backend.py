@@ -179,15 +179,15 @@ def test_select_device_takes_rank_modulo_the_gpu_count(fake_cupy, monkeypatch):
     try:
         for count in (1, 2, 3):
             monkeypatch.setattr(fake_cupy.runtime, "device_count", count)
-            assert rabit.gpu.select_device() == RANK % count
+            assert rabit.select_device() == RANK % count
             assert fake_cupy.Device.current == RANK % count
         monkeypatch.setattr(fake_cupy.runtime, "device_count", 0)
         with pytest.raises(rabit.RabitError, match=f"rank {RANK}: no CUDA device"):
-            rabit.gpu.select_device()
+            rabit.select_device()
     finally:
         rabit.finalize()
     with pytest.raises(rabit.NotInitializedError):
-        rabit.gpu.select_device()
+        rabit.select_device()
 
 
 def test_shared_gpus_are_staged_or_refused(fake_cupy):
@@ -259,7 +259,7 @@ def test_a_mismatch_on_the_nccl_path_is_reported(fake_cupy):
 
 
 def test_the_bucketer_reduces_cupy_gradients_through_nccl(fake_cupy):
-    from rabit_py.bucket import GradientBucketer
+    from rabit_py.ddp.bucket import GradientBucketer
 
     shapes = [(300, 200), (200,), (200, 50), (50,), (7, 3)]
     start()
@@ -295,14 +295,14 @@ def test_the_bucketer_reduces_cupy_gradients_through_nccl(fake_cupy):
 
 
 def test_the_bucketer_refuses_mixed_arrays(fake_cupy):
-    from rabit_py.bucket import GradientBucketer
+    from rabit_py.ddp.bucket import GradientBucketer
 
     with pytest.raises(TypeError, match="mix NumPy and CuPy"):
         GradientBucketer([np.zeros(3), fake_cupy.ndarray(np.zeros(3))])
 
 
 def test_the_mlp_on_the_device_path_matches_the_cpu(fake_cupy):
-    from rabit_py.bucket import plan_buckets
+    from rabit_py.ddp.bucket import plan_buckets
     from trainers.mlp import MLPClassifier
 
     rng = np.random.default_rng(7)

@@ -4,7 +4,7 @@ dtype changes split."""
 import numpy as np
 import pytest
 
-from rabit_py.bucket import plan_buckets
+from rabit_py.ddp.bucket import plan_buckets
 
 MIB = 2 ** 20
 

@@ -45,7 +45,7 @@ def test_import_starts_no_mpi():
 
 
 def test_checkpoint_function_is_not_shadowed_by_a_module():
-    code = ("import rabit_py as r; r.init(); import rabit_py._checkpoint; "
+    code = ("import rabit_py as r; r.init(); import rabit_py.engine._checkpoint; "
             "print(callable(r.checkpoint)); r.finalize()")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)

@@ -468,7 +468,7 @@ def test_set_up_errors_are_found_before_anything_starts(tmp_path, capsys, monkey
 
 
 def test_a_read_only_checkpoint_folder_is_a_set_up_error(tmp_path):
-    from rabit_py._store import folder_problem
+    from rabit_py.engine._store import folder_problem
     folder = tmp_path / "ck"
     folder.mkdir()
     assert folder_problem(str(folder)) is None

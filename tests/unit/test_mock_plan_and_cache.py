@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rabit_py.engine import _mockplan as mock
-from rabit_py.engine._cache import BOOT, ResultCache
+from rabit_py.engine.recovery._cache import BOOT, ResultCache
 
 
 def test_parse_plan():
@@ -62,7 +62,7 @@ def test_the_cache_keeps_results_within_its_budget_only():
 
 
 def test_the_default_budget_is_a_sixteenth_of_memory_shared_by_the_node(monkeypatch):
-    from rabit_py.engine._cache import default_budget
+    from rabit_py.engine.recovery._cache import default_budget
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4")
     assert default_budget() == max(64 << 20, memory // 64)
@@ -71,7 +71,7 @@ def test_the_default_budget_is_a_sixteenth_of_memory_shared_by_the_node(monkeypa
 
 
 def test_a_replacement_gets_what_fits_in_one_info_value_most_needed_first():
-    from rabit_py.engine._join import spawn_environment
+    from rabit_py.engine.recovery._join import spawn_environment
 
     environ = {"HOME": "/root", "RABIT_TIMEOUT": "30", "PYTHONPATH": "/src",
                "RABIT_CHECKPOINT_DIR": "/a/very/long/shared/path/" + "x" * 200,
@@ -123,7 +123,7 @@ def test_thinning_says_once_that_the_budget_was_passed():
 
 
 def test_key_codes_order_like_the_calls_and_round_trip():
-    from rabit_py.engine._cache import code_key, key_code
+    from rabit_py.engine.recovery._cache import code_key, key_code
     keys = [(BOOT, 0), (BOOT, 7), (0, 0), (0, 3), (1, 0), (12, 1 << 20)]
     codes = [key_code(k) for k in keys]
     assert codes == sorted(codes) and len(set(codes)) == len(codes)

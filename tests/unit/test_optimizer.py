@@ -4,7 +4,7 @@ bad hyper-parameters."""
 import numpy as np
 import pytest
 
-from rabit_py.optimizer import SGD, Adam, Updater, create, get_updater
+from rabit_py.kvstore.optimizer import SGD, Adam, Updater, create, get_updater
 
 
 def test_sgd_without_momentum_clips_rescales_and_decays():

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from rabit_py._store import DurableStore, read_file, write_file
+from rabit_py.engine._store import DurableStore, read_file, write_file
 from rabit_py.errors import CheckpointError
 
 

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("xgboost")
 
-from rabit_py._xgb_session import HangGuard, thread_ids  # noqa: E402
+from rabit_py.xgboost._session import HangGuard, thread_ids  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the guard reads /proc/self/task")

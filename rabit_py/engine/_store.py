@@ -66,8 +66,8 @@ from typing import BinaryIO, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from crc32c import crc32c
 
-from ._version import __version__
-from .errors import CheckpointError
+from .._version import __version__
+from ..errors import CheckpointError
 
 __all__ = ["DurableStore", "read_file", "write_file", "MAGIC"]
 

@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from .errors import KVStoreError
+from ..errors import KVStoreError
 
 __all__ = ["model_of", "restore_model", "write_states", "read_states"]
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ._mpistart import MPI
+from .._mpistart import MPI
 
-from . import _control as control
-from ._tags import LOCAL_MODEL_TAG
-from ._versions import Checkpoints
+from .. import _control as control
+from .._tags import LOCAL_MODEL_TAG
+from .._versions import Checkpoints
 
 __all__ = ["Replicas", "Holding"]
 

@@ -8,17 +8,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-from ._mpistart import MPI
+from .._mpistart import MPI
 
-from .._status import Reporter
-from ..config import Config
-from ..errors import RabitError
+from ..._status import Reporter
+from ...config import Config
+from ...errors import RabitError
 from ._join import JoinState, is_replacement
-from ._lifecycle import abort_init
+from .._lifecycle import abort_init
 from ._repair import join_as_replacement
 from ._spares import SparePool, serve_as_spare, spare_reporter
-from ._startup import ulfm_enabled
-from ._watchdog import deadline
+from .._startup import ulfm_enabled
+from .._watchdog import deadline
 
 __all__ = ["Joined", "enter_job"]
 

@@ -9,7 +9,7 @@ from typing import Any, Callable, List, NamedTuple, Tuple, Union
 
 import numpy as np
 
-from .bucket import GradientBucketer
+from ..ddp.bucket import GradientBucketer
 
 __all__ = ["Key", "Push", "Plan", "Plans", "check_key"]
 

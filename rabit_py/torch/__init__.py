@@ -40,8 +40,8 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
                       f"install it: pip install -e \".[torch]\" (or a CPU wheel of torch)"
                       ) from _exc
 
-from . import api
-from .bucket import GradientBucketer
+from .. import api
+from ..ddp.bucket import GradientBucketer
 
 __all__ = ["DistributedModule", "DistributedOptimizer"]
 

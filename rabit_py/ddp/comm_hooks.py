@@ -23,8 +23,8 @@ from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
 
-from . import api
-from .ops import Op
+from .. import api
+from ..ops import Op
 
 __all__ = ["GradBucket", "CommHook", "allreduce_hook", "fp16_compress_hook"]
 

@@ -35,10 +35,10 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import api
-from ._commthread import comm_thread
+from .. import api
+from .commthread import comm_thread
 from .comm_hooks import CommHook, GradBucket
-from .ops import Op
+from ..ops import Op
 
 __all__ = ["GradientBucketer", "plan_buckets"]
 
@@ -77,7 +77,7 @@ def plan_buckets(sizes: Sequence[int], dtypes: Sequence[Any], bucket_cap_mb: flo
 
 def _array_module(params: Sequence[Any]) -> Any:
     """numpy or cupy, whichever every parameter belongs to."""
-    from .gpu._arrays import is_device_array
+    from .._arrays import is_device_array
 
     device = [is_device_array(p) for p in params]
     if any(device) and not all(device):

@@ -54,17 +54,17 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from ._mpistart import MPI
+from .._mpistart import MPI
 
-from .._status import RESTART, Reporter
-from ..config import Config
-from ..errors import RecoveryError
-from . import _control as control
+from ..._status import RESTART, Reporter
+from ...config import Config
+from ...errors import RecoveryError
+from .. import _control as control
 from ._join import (JoinState, RepairTimes, Replacer, free_comm, is_replacement,
                     spawn_command, spawn_info)
-from ._lifecycle import abort_job
-from ._tags import RELEASE_TAG
-from ._watchdog import deadline
+from .._lifecycle import abort_job
+from .._tags import RELEASE_TAG
+from .._watchdog import deadline
 
 __all__ = ["SparePool", "RELEASE_TAG", "serve_as_spare", "spare_reporter"]
 

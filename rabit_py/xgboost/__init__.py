@@ -75,11 +75,11 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
     raise ImportError(f"rabit_py.xgboost needs XGBoost, which cannot be imported ({_exc}); "
                       f"install it: pip install -e \".[xgboost]\"") from _exc
 
-from . import api
-from ._xgb_rounds import BoostState, Interval, initial_state
-from ._xgb_session import DataFn, Session, Tracker, without_repeated_task_lines
-from .errors import TrainingError
-from .ops import Op
+from .. import api
+from ._rounds import BoostState, Interval, initial_state
+from ._session import DataFn, Session, Tracker, without_repeated_task_lines
+from ..errors import TrainingError
+from ..ops import Op
 
 __all__ = ["train"]
 

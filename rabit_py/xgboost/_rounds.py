@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import xgboost
 from xgboost.callback import CallbackContainer, TrainingCallback
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 
 @dataclasses.dataclass(frozen=True)

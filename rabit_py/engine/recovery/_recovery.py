@@ -24,20 +24,20 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional, Tuple
 
-from ._mpistart import MPI
+from .._mpistart import MPI
 
-from .._status import BUG, RESTART
-from ..config import Config
-from ..errors import RecoveryError
-from . import _control as control
-from ._frame import CallFrame
+from ..._status import BUG, RESTART
+from ...config import Config
+from ...errors import RecoveryError
+from .. import _control as control
+from .._frame import CallFrame
 from ._join import JoinState, RepairTimes, Replacer, free_comm
-from ._lifecycle import abort_job
+from .._lifecycle import abort_job
 from ._repair import SpawnReplacer, repair
 from ._replicas import Replicas
 from ._spares import SparePool
-from ._startup import duplicates
-from ._watchdog import deadline
+from .._startup import duplicates
+from .._watchdog import deadline
 
 __all__ = ["Recovery"]
 

@@ -16,7 +16,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Optional
 
-from . import api
+from .. import api
 
 __all__ = ["CommThread", "comm_thread"]
 

@@ -10,9 +10,9 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ._mpistart import MPI
+from .._mpistart import MPI
 
-from .._status import STATUS_DIR_VARIABLE
+from ..._status import STATUS_DIR_VARIABLE
 
 __all__ = ["JoinState", "RepairTimes", "Replacer", "spawn_command", "spawn_environment",
            "spawn_info", "free_comm", "is_replacement"]

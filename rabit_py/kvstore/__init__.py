@@ -45,13 +45,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import api
-from ._commthread import comm_thread
-from ._kvplans import Key, Plan, Plans, Push, check_key
-from ._kvstate import model_of, read_states, restore_model, write_states
-from .errors import CheckpointError, KVStoreError, NotInitializedError
-from .gpu._arrays import is_device_array, to_host
-from .ops import Op
+from .. import api
+from ..ddp.commthread import comm_thread
+from ._plans import Key, Plan, Plans, Push, check_key
+from ._state import model_of, read_states, restore_model, write_states
+from ..errors import CheckpointError, KVStoreError, NotInitializedError
+from .._arrays import is_device_array, to_host
+from ..ops import Op
 from .optimizer import Optimizer, Updater
 
 __all__ = ["KVStore", "create"]

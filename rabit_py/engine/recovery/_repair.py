@@ -34,10 +34,10 @@ import sys
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
-from ._mpistart import MPI
+from .._mpistart import MPI
 
-from ..errors import RecoveryError
-from . import _control as control
+from ...errors import RecoveryError
+from .. import _control as control
 from ._join import JoinState, RepairTimes, Replacer, free_comm, spawn_command, spawn_info
 from ._spares import join_pool_as_spawned
 
@@ -164,7 +164,7 @@ def join_as_replacement(timeout: float = 0.0
         spawned as a new spare (Note [spare refill] in ``_spares.py``) gets
         no communicator (None) and rank -1.
     """
-    from ._watchdog import deadline
+    from .._watchdog import deadline
 
     with deadline(timeout, lambda _: _end_replacement(f"joining did not complete within "
                                                       f"{timeout:g} s"), "join"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 __all__ = ["serialize", "deserialize"]
 
