@@ -14,14 +14,14 @@ import numpy as np
 
 from .config import Config
 from .engine import create as create_engine
-from .engine.base import BROADCAST, CheckpointResult, Engine, PrepareFn, Transport
+from .engine.base import BROADCAST, CheckpointResult, Engine, EngineInfo, PrepareFn, Transport
 from .errors import NotInitializedError, RabitError
 from .ops import OpLike
 
 __all__ = ["init", "finalize", "get_rank", "get_world_size", "is_distributed",
            "get_processor_name", "allreduce", "broadcast", "allgather", "checkpoint",
            "lazy_checkpoint", "load_checkpoint", "version_number", "tracker_print",
-           "session", "abort", "is_initialized", "select_device"]
+           "session", "abort", "is_initialized", "select_device", "engine_info"]
 
 log = logging.getLogger("rabit_py")
 
@@ -177,6 +177,20 @@ def is_initialized() -> bool:
 def is_distributed() -> bool:
     """Whether the job is initialized and has more than one rank. Never raises."""
     return _engine is not None and _engine.world_size > 1
+
+
+def engine_info() -> EngineInfo:
+    """What the engine of this process is and how the job runs: the engine's
+    name, rank and size, the version, this rank's trial (times its process
+    was replaced) and how it joined, rabit-run's restart, in-job recoveries,
+    the transports a call may take, whether NCCL and shared memory are used,
+    and the result cache's use (:class:`rabit_py.engine.base.EngineInfo`).
+    Not collective; cheap.
+
+    Raises:
+        NotInitializedError: before ``rabit_py.init()``.
+    """
+    return _current().info()
 
 
 def select_device() -> int:

@@ -57,11 +57,11 @@ def worker(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         rabit.allreduce(buf, rabit.Op.SUM)
         robust.append(time.perf_counter() - t0)
-    cache = rabit.api._engine._cache
+    info = rabit.engine_info()
     if rabit.get_rank() == 0:
         print("RESULT " + json.dumps({
-            "raw": raw, "robust": robust, "cache_bytes": cache.nbytes,
-            "budget": cache.budget, "refused": cache.refused,
+            "raw": raw, "robust": robust, "cache_bytes": info.cache_bytes,
+            "budget": info.cache_budget, "refused": info.cache_refused,
             "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),
             flush=True)
     rabit.finalize()

@@ -72,7 +72,7 @@ def worker(args: argparse.Namespace) -> int:
         for _ in range(3):
             rabit.allreduce(np.array([float(it)]), rabit.Op.MAX)
         model = model + 1e-3 * grad
-        cache_bytes = engine._cache.nbytes
+        cache_bytes = rabit.engine_info().cache_bytes
         rabit.checkpoint(model)
         if first_round and rank == 0:
             print(f"FIRST_ROUND {time.time():.6f} {version}", flush=True)
@@ -80,7 +80,7 @@ def worker(args: argparse.Namespace) -> int:
     elapsed = time.time() - start
     report = {"rank": rank, "elapsed": elapsed, "cache_bytes_per_round": cache_bytes,
               "recoveries": engine.recovery.log,
-              "repair": vars(engine.recovery.repair_times), "trial": engine.trial}
+              "repair": vars(engine.recovery.repair_times), "trial": rabit.engine_info().trial}
     if args.checkpoint_sizes:     # collective: every rank measures
         report["checkpoint"] = checkpoint_costs(rabit, args)
     print("REPORT " + json.dumps(report), flush=True)

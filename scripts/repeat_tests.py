@@ -1,7 +1,7 @@
 """Run test files again and again beside CPU hogs: how often does each pass?
 
     python scripts/repeat_tests.py [--runs 20] [--hogs 2] [--json out.json]
-                                   tests/test_supervision.py tests/test_hosts.py ...
+                                   tests/jobs/test_supervision.py tests/jobs/test_hosts.py ...
 
 Each run starts one ``python -m pytest -q`` per file, in turn, while ``--hogs``
 CPU-bound loops run beside it (a loaded node: scheduling delays are where

@@ -58,9 +58,8 @@ def worker(args: argparse.Namespace) -> int:
     tmp = pid_file.with_suffix(f".{os.getpid()}")
     tmp.write_text(str(os.getpid()))
     os.replace(tmp, pid_file)       # the killer reads whole files only
-    engine = rabit.api._engine
     print("START " + json.dumps({"rank": rank, "pid": os.getpid(),
-                                 "joined": getattr(engine, "joined_as", "start"),
+                                 "joined": rabit.engine_info().joined_as,
                                  "restart": int(os.environ.get("RABIT_RESTART_COUNT", "0"))}),
           flush=True)
     version, model, local = rabit.load_checkpoint(with_local=True)

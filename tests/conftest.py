@@ -1,7 +1,7 @@
 """Shared pytest set-up.
 
 ``tests/mpi/`` holds tests that run on every rank of a real MPI job (pytest-mpi);
-they are collected only under ``--with-mpi``, which ``tests/test_multirank.py``
+they are collected only under ``--with-mpi``, which ``tests/jobs/test_multirank.py``
 passes when it starts them with mpirun at 1, 2 and 4 ranks.
 """
 

@@ -8,7 +8,7 @@ mode ``DEVICE`` with the same header, where the engine has one (Note [nccl
 backend] in ``rabit_py/gpu/_nccl.py``). The header is 10 int64s:
 ``mode, payload bytes, dtype code, ndim``, up to 4 dimensions (arrays of
 more dimensions send their shape in a second, rare, message), the call's
-stamp and the CRC-32C of a pickled payload (Note [call stamps] in
+stamp and the CRC-32C of the payload, an array's or a pickle's (Note [call stamps] in
 ``mpi.py``). A root whose object cannot be pickled sends the error text as
 the payload with mode ``ERROR``, so that every rank raises, not only the root.
 """
@@ -38,7 +38,9 @@ def root_header(data: Any) -> Tuple[List[int], Optional[bytes], Optional[BaseExc
     """The root's header, its payload (None for arrays: the array itself is
     sent), and the pickling error if the object could not be pickled."""
     if isinstance(data, np.ndarray):
-        return array_header(ARRAY, data.shape, data.dtype), None, None
+        header = array_header(ARRAY, data.shape, data.dtype)
+        header[CHECK] = crc32c(data)
+        return header, None, None
     try:
         payload = pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # pickling raises many types

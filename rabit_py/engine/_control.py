@@ -8,7 +8,7 @@ pickle in two steps: the sizes, then the bytes, into a buffer they allocate
 without clearing. Under ULFM a peer's revoke between the two steps makes the
 second step return *success* on ranks still inside it, with the buffer never
 filled: they unpickle whatever the allocator left there. Reproduced
-(tests/test_control_messages.py): three ranks, one revoking after the sizes;
+(tests/jobs/test_control_messages.py): three ranks, one revoking after the sizes;
 on one of the other two, 54 to 60 of 60 allgathers returned success and
 raised ``UnpicklingError: invalid load key, '\\x00'`` (or ``'\\xa7'``, or
 "stack underflow"); a storm showed ``'\\x05'``. Inside a call frame that was caught

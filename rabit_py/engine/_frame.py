@@ -12,6 +12,17 @@ The two engines differ in one decision, made at construction: whether a lost
 peer is recovered (``recovers``: the failure is a ``PeerFailure``, for the
 robust engine's repair loop) or ends the job (``RecoveryError``, and rabit-run
 is told that a restart may help).
+
+# Note [revoked success]
+Under ULFM a collective that a peer's revoke interrupts can return success
+on the ranks still inside it, with part of the data (seen: an allgather of
+pickles in the recovery protocol gave ``UnpicklingError: invalid load key
+'\\x00'`` while the other ranks raised ``RecoveryError`` and revoked). A
+call's result is trusted only if its communicator was not revoked when it
+returned (:meth:`CallFrame.check_revoked`, 0.1 us, local); otherwise it counts
+as interrupted, as if it had raised. Communicators of our own beside the
+engine's (the shared-memory path's node and leaders communicators) are
+checked the same way.
 """
 
 from __future__ import annotations
@@ -173,7 +184,8 @@ class CallFrame:
         if not agrees(vec):
             fields = mismatched_fields(vec)
             mine = call_signature(self.version, seq, kind, call, error)
-            # Note [mismatch exchange]: on the control communicator. A rank
+            # Note [mismatch exchange]
+            # The descriptions go on the control communicator. A rank
             # that raised first may revoke the data communicator (its uncaught
             # exception ends the job) while slower ranks are still here; under
             # ULFM their collective then returned "success" with half-filled
@@ -271,13 +283,8 @@ class CallFrame:
         return RecoveryError(self.broken)
 
     def check_revoked(self) -> None:
-        """Note [revoked success]: under ULFM a collective that a peer's revoke
-        interrupts can return success on the ranks still inside it, with part
-        of the data (seen: an allgather of pickles in the recovery protocol
-        gave UnpicklingError: invalid load key '\\x00' while the other ranks
-        raised RecoveryError and revoked). A call's result is trusted only if
-        the communicator was not revoked when it returned; otherwise it
-        counts as interrupted, as if it had raised (0.1 us, local)."""
+        """Raise the failure of an interrupted call if the communicator was
+        revoked (Note [revoked success])."""
         if self.ulfm and self.comm.Is_revoked():
             raise self.failure(MPI.Exception(ERR_REVOKED))
 

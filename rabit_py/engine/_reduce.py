@@ -65,6 +65,12 @@ class HostReduce:
         """The hosts of the job's start (None: unknown), for the groups."""
         self.groups = host_groups(hosts, self._config.node_size) if hosts else None
 
+    @property
+    def shared_memory(self) -> bool:
+        """Whether allreduce uses shared memory between the ranks of a host
+        (decided at the first allreduce that could)."""
+        return self._shm is not None and self._shm.max_node_size > 1
+
     def run(self, data: np.ndarray, op: OpLike, out: Optional[np.ndarray]) -> None:
         """Reduce ``data`` in place, or into ``out`` leaving ``data`` as it is.
         Raises ``MPI.Exception`` (the engine turns it into its error)."""

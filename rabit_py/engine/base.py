@@ -17,7 +17,7 @@ import numpy as np
 
 from ..ops import OpLike
 
-__all__ = ["Engine", "PrepareFn", "CheckpointResult", "Transport", "DeviceTransports",
+__all__ = ["Engine", "EngineInfo", "PrepareFn", "CheckpointResult", "Transport", "DeviceTransports",
            "Resources", "BROADCAST"]
 
 PrepareFn = Callable[[np.ndarray], Any]
@@ -92,6 +92,43 @@ class Resources:
         self.staged = False
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineInfo:
+    """What :func:`rabit_py.engine_info` tells about the engine of this
+    process: for programs, tests and benchmarks that want to know how the job
+    runs without reaching into private fields."""
+
+    #: ``"mpi"``, ``"robust"`` or ``"mock"``
+    engine: str
+    rank: int
+    world_size: int
+    #: checkpoints taken (``version_number()``)
+    version: int
+    #: times this rank's process was replaced in this job (0: the process the
+    #: job started with; always 0 with the plain engine)
+    trial: int
+    #: how this process joined: ``"start"``, ``"spare"`` or ``"spawned"``
+    joined_as: str
+    #: rabit-run's restart of the whole job this attempt is (0: the first)
+    restart: int
+    #: in-job recoveries so far and processes replaced in them
+    recoveries: int
+    replaced: int
+    #: the transports a call may take, in the order they are asked
+    #: (Note [transports]); the device ones appear at the first device call
+    transports: Tuple[str, ...]
+    #: whether the ranks chose NCCL for device arrays
+    nccl: bool
+    #: whether allreduce uses shared memory between the ranks of a host
+    #: (Note [shm allreduce]; decided at the first allreduce that could)
+    shared_memory: bool
+    #: bytes of results kept for replay since the last checkpoint, the cache
+    #: budget, and results not kept because of it (robust engine; else 0)
+    cache_bytes: int
+    cache_budget: int
+    cache_refused: int
+
+
 class Engine(abc.ABC):
     """What a rabit_py engine provides. All collectives are blocking.
 
@@ -153,6 +190,10 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def finalize(self) -> None:
         """Leave the job. Collective. The engine is unusable afterwards."""
+
+    @abc.abstractmethod
+    def info(self) -> EngineInfo:
+        """What this engine is and how the job runs (:class:`EngineInfo`)."""
 
     @abc.abstractmethod
     def abort(self, reason: str) -> None:

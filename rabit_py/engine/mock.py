@@ -31,6 +31,8 @@ __all__ = ["MockEngine", "parse_plan", "matches"]
 class MockEngine(RobustEngine):
     """A :class:`RobustEngine` that kills itself at the points of ``config.mock``."""
 
+    kind = "mock"
+
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self._plan = parse_plan(self.config.mock)

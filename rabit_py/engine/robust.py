@@ -54,6 +54,7 @@ job for a restart.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -71,7 +72,7 @@ from ._lifecycle import raised_by_rabit_py
 from ._signature import Kind, shown
 from ._validate import check_allreduce
 from ._versions import NO_LAZY
-from .base import CheckpointResult, DeviceTransports, PrepareFn
+from .base import CheckpointResult, DeviceTransports, EngineInfo, PrepareFn
 from .mpi import MpiEngine
 from .recovery import (BOOT, Entry, Recovery, Replicas, ResultCache, code_key, default_budget,
                        enter_job, key_code)
@@ -138,6 +139,15 @@ class RobustEngine(MpiEngine):
         # The heartbeat may beat before the recovery state exists.
         recovery = getattr(self, "recovery", None)
         return recovery.status() if recovery is not None else (False, [], 0, 0)
+
+    kind = "robust"
+
+    def info(self) -> EngineInfo:
+        _, _, recoveries, replaced = self.recovery_status()
+        return dataclasses.replace(
+            super().info(), trial=self.trial, joined_as=self.joined_as, recoveries=recoveries,
+            replaced=replaced, cache_bytes=self._cache.nbytes, cache_budget=self._cache.budget,
+            cache_refused=self._cache.refused)
 
     @property
     def trial(self) -> int:

@@ -1,6 +1,6 @@
 """Collectives on every rank, checked against NumPy on all ranks' inputs.
 
-Runs at 1, 2 and 4 ranks (see tests/test_multirank.py).
+Runs at 1, 2 and 4 ranks (see tests/jobs/test_multirank.py).
 """
 
 import numpy as np
@@ -69,6 +69,30 @@ def test_rank_and_size(session):
     assert rabit.get_world_size() == SIZE
     assert rabit.is_distributed() == (SIZE > 1)
     assert isinstance(rabit.get_processor_name(), str) and rabit.get_processor_name()
+
+
+def test_engine_info_tells_the_engine_and_follows_the_job(session):
+    info = rabit.engine_info()
+    assert (info.engine, info.rank, info.world_size) == (session, RANK, SIZE)
+    assert (info.version, info.trial, info.joined_as, info.recoveries, info.replaced) == \
+        (0, 0, "start", 0, 0)
+    assert info.transports == ("host",) and not info.nccl
+    rabit.allreduce(np.ones(1 << 22), Op.SUM)      # 32 MiB: the shared-memory threshold
+    rabit.checkpoint({"w": 1})
+    after = rabit.engine_info()
+    assert after.version == 1 and after.shared_memory == (SIZE > 1)
+    if session == "robust":
+        assert after.cache_budget > 0 and after.cache_refused == 0
+        rabit.allreduce(np.ones(4), Op.SUM)         # its result is kept for replay
+        assert rabit.engine_info().cache_bytes == after.cache_bytes + 4 * 8
+    else:
+        assert (after.cache_bytes, after.cache_budget, after.cache_refused) == (0, 0, 0)
+
+
+def test_engine_info_before_init_raises():
+    rabit.finalize()
+    with pytest.raises(rabit.NotInitializedError):
+        rabit.engine_info()
 
 
 def test_allreduce_every_op_and_dtype(session):

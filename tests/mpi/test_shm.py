@@ -124,7 +124,7 @@ def test_shm_off_by_setting():
         data = np.full(300_000, RANK + 1.0)
         rabit.allreduce(data, Op.SUM)
         assert (data == SIZE * (SIZE + 1) / 2).all()
-        assert rabit.api._engine._reduce._shm is None
+        assert not rabit.engine_info().shared_memory
     finally:
         rabit.finalize()
 
@@ -154,11 +154,11 @@ def test_custom_reducers_take_shared_memory_from_256_kib_by_default(session):
 
     small = np.full(10_000, RANK + 1.0)                # 80 KB: stays on MPI
     rabit.allreduce(small, Op.create(add))
-    assert rabit.api._engine._reduce._shm is None
+    assert not rabit.engine_info().shared_memory
     large = np.full(100_000, RANK + 1.0)               # 800 KB: shared memory
     rabit.allreduce(large, Op.create(add))
     assert (small == SIZE * (SIZE + 1) / 2).all() and (large == SIZE * (SIZE + 1) / 2).all()
-    assert (rabit.api._engine._reduce._shm is not None) == (SIZE > 1)
+    assert rabit.engine_info().shared_memory == (SIZE > 1)
 
 
 # ---------------------------------------------------------------- fixed groups

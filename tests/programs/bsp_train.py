@@ -53,8 +53,8 @@ def main() -> int:
     if timer is not None:
         timer.cancel()          # this spare became a rank: it lives
     rank, size = rabit.get_rank(), rabit.get_world_size()
-    trial = getattr(rabit.api._engine, "trial", 0)
-    joined = getattr(rabit.api._engine, "joined_as", "start")
+    info = rabit.engine_info()
+    trial, joined = info.trial, info.joined_as
     print("START " + json.dumps({"rank": rank, "pid": os.getpid(), "trial": trial,
                                  "joined": joined, "host": rabit.get_processor_name()}),
           flush=True)

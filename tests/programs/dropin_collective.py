@@ -1,5 +1,5 @@
 """A program written for XGBoost's ``xgboost.collective``, switched to rabit_py
-by its import line, run on every rank of a job (tests/test_dropins.py).
+by its import line, run on every rank of a job (tests/jobs/test_dropins.py).
 
 Each scenario checks the behaviour XGBoost documents and its own tests rely
 on (tracker arguments accepted, values, return types and shapes, the input

@@ -1,5 +1,5 @@
 """An mpi4py program, run either on mpi4py itself (``--real``) or switched to
-rabit_py by its import line (tests/test_dropins.py compares the two).
+rabit_py by its import line (tests/jobs/test_dropins.py compares the two).
 
 Every rank prints ``RESULT {json}``: what each call returned or wrote, with
 floats written by ``repr`` so that the comparison is bitwise.

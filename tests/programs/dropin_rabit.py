@@ -1,6 +1,6 @@
 """Programs written for Rabit's Python API (dmlc/rabit's guide and tests, and
 XGBoost's ``xgboost.rabit``), switched to rabit_py by the import line only,
-run on every rank of a job (tests/test_dropins.py).
+run on every rank of a job (tests/jobs/test_dropins.py).
 
     python dropin_rabit.py --module rabit_py.rabit basic lazy [mock=1,1,0,0 ...]
 

@@ -1,6 +1,6 @@
 """One data-parallel training loop written three ways: for Rabit's API, for
 XGBoost's ``xgboost.collective`` and for mpi4py, each switched to rabit_py by
-its import line (tests/test_dropins.py kills a rank of it from outside).
+its import line (tests/jobs/test_dropins.py kills a rank of it from outside).
 
     rabit-run -n 4 python dropin_train.py --api mpi4py [--rounds 8] [--sleep 0.3]
 

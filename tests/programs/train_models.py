@@ -1,5 +1,5 @@
 """Train every trainer on seeded data split across the job's ranks and write
-the models to OUT_DIR (rank 0). Used by tests/test_trainers.py to compare
+the models to OUT_DIR (rank 0). Used by tests/jobs/test_trainers.py to compare
 world sizes, failure-free and recovered runs, and the references.
 
     python tests/programs/train_models.py OUT_DIR [--only NAME ...]
@@ -82,7 +82,7 @@ def main():
     rabit.init()
     rank = rabit.get_rank()
     print("START " + json.dumps({"rank": rank, "pid": os.getpid(),
-                                 "trial": getattr(rabit.api._engine, "trial", 0)}), flush=True)
+                                 "trial": rabit.engine_info().trial}), flush=True)
     for name in args.only or NAMES:
         path = os.path.join(args.out, name + ".json")
         if name in GBDT_PARAMS:

@@ -22,18 +22,31 @@ import rabit_py as rabit
 import rabit_py.xgboost as rxgb
 
 
-class Progress(TrainingCallback):
-    """Prints each finished round; optionally slows the rounds down. The rank
-    is read at each call: callbacks are checkpointed with the model, from
-    rank 0's copy."""
+# Processes that already held once (not in the callback: callbacks are
+# checkpointed with the model, from rank 0's copy).
+_HELD = []
 
-    def __init__(self, sleep: float) -> None:
+
+class Progress(TrainingCallback):
+    """Prints each finished round; optionally slows the rounds down, or holds
+    one rank after one round until it is killed from outside (``hold``:
+    (rank, round)), so that the kill lands while the others are inside
+    XGBoost's next round, however late the test reads the cue. The rank is
+    read at each call: callbacks are checkpointed with the model, from rank
+    0's copy."""
+
+    def __init__(self, sleep: float, hold: tuple) -> None:
         self.sleep = sleep
+        self.hold = hold
 
     def after_iteration(self, model, epoch, evals_log):
-        print(f"ROUND {rabit.get_rank()} {epoch}", flush=True)
+        rank = rabit.get_rank()
+        print(f"ROUND {rank} {epoch}", flush=True)
         if self.sleep:
             time.sleep(self.sleep)
+        if (rank, epoch) == self.hold and not _HELD and rabit.engine_info().trial == 0:
+            _HELD.append(epoch)
+            time.sleep(120)         # the test kills this process long before
         return False
 
 
@@ -58,12 +71,14 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=10)
     ap.add_argument("--bad-param", action="store_true")
     ap.add_argument("--raise-on-rank", type=int, default=-1)
+    ap.add_argument("--hold", default="", help="RANK:ROUND: that rank waits after that round "
+                    "(in its first process) until it is killed")
     args = ap.parse_args()
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     rabit.init()
     rank = rabit.get_rank()
-    trial = getattr(rabit.api._engine, "trial", 0)
+    trial = rabit.engine_info().trial
     print("START " + json.dumps({"rank": rank, "pid": os.getpid(), "trial": trial}), flush=True)
 
     params = {"objective": "binary:logistic", "max_depth": 4, "eta": 0.3, "nthread": 1,
@@ -83,7 +98,7 @@ def main() -> int:
                          evals=[(Xv, yv, "val")], evals_result=history,
                          early_stopping_rounds=args.early_stopping or None,
                          verbose_eval=False, checkpoint_every=args.every,
-                         callbacks=[Progress(args.sleep)], timeout=args.timeout)
+                         callbacks=[Progress(args.sleep, tuple(int(x) for x in args.hold.split(':')) if args.hold else ())], timeout=args.timeout)
     raw = bytes(booster.save_raw("json"))
     print("RESULT " + json.dumps({
         "rank": rank, "pid": os.getpid(), "trial": trial, "world": rabit.get_world_size(),

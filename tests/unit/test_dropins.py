@@ -1,5 +1,5 @@
 """The drop-ins' behaviour that needs no job: outside a job, argument forms,
-and the order in which mpi4py combines objects (tests/test_dropins.py runs
+and the order in which mpi4py combines objects (tests/jobs/test_dropins.py runs
 them in real jobs)."""
 
 from __future__ import annotations

@@ -145,7 +145,8 @@ class SparePool(Replacer):
                     for src, box in boxes.items()}
         released = False
         try:
-            # Note [release every worker]: a spare waits for the release of
+            # Note [release every worker]
+            # A spare waits for the release of
             # *every* worker, not the first one. A receive cancelled here
             # whose message then arrives makes MPI_Finalize hang in Open MPI
             # 5 (a plain mpi4py program with --with-ft ulfm: 8 of 8 runs

@@ -14,7 +14,7 @@ import pytest
 
 from rabit_py.launcher import find_mpirun
 
-from ._proc import ROOT, rabit_run, run
+from .._proc import ROOT, rabit_run, run
 
 PROGRAM = [sys.executable, "tests/programs/bsp_train.py"]
 RANKS = 4

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ._proc import ROOT, _kill_tree, run
+from .._proc import ROOT, _kill_tree, run
 
 PROGRAM = [sys.executable, "tests/programs/bsp_train.py"]
 RANKS = 4

@@ -10,7 +10,7 @@ import pytest
 
 from rabit_py.engine import _control as control
 
-from ._proc import rabit_run, run
+from .._proc import rabit_run, run
 
 
 def _program_outcomes(ranks: int, program: str, *args: str):

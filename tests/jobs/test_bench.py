@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from ._proc import debris, rabit_run, run
+from .._proc import debris, rabit_run, run
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from ._proc import rabit_run, run
+from .._proc import rabit_run, run
 
 
 @pytest.mark.parametrize("ranks", [1, 4])

@@ -11,7 +11,7 @@ import pytest
 from rabit_py import launcher
 from rabit_py.launcher import find_mpirun
 
-from ._proc import rabit_run, run
+from .._proc import rabit_run, run
 
 PROGRAM = [sys.executable, "tests/programs/bsp_train.py"]
 

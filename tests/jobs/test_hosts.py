@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ._proc import ROOT, run
+from .._proc import ROOT, run
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import cluster_demo  # noqa: E402

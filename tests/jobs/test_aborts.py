@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ._proc import rabit_run, run
+from .._proc import rabit_run, run
 
 SKIPPER = """
 import time, numpy as np, rabit_py as rabit

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ._proc import rabit_run, run
+from .._proc import rabit_run, run
 
 # Tiny buckets: "w" and "b" are reduced in two buckets, two collectives a step.
 PROGRAM = [sys.executable, "scripts/kvstore_sgd.py", "--steps", "200", "--bucket-mb", "1e-4"]

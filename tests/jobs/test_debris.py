@@ -4,7 +4,7 @@ is left by a one-process run, a multi-rank run or a benchmark."""
 import json
 import sys
 
-from ._proc import debris, rabit_run, run
+from .._proc import debris, rabit_run, run
 
 ONE_ALLREDUCE = ("import numpy as np, rabit_py as r\n"
                  "r.init()\n"

@@ -13,7 +13,7 @@ from typing import List
 
 import pytest
 
-from ._proc import ROOT, run
+from .._proc import ROOT, run
 
 README = (ROOT / "README.md").read_text()
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ._proc import rabit_run, run
+from .._proc import rabit_run, run
 
 PYTEST = [sys.executable, "-m", "pytest", "tests/mpi", "--with-mpi", "-q", "--color=no",
           "-p", "no:cacheprovider"]

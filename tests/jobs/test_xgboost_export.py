@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ._proc import run
+from .._proc import run
 
 pytest.importorskip("xgboost")
 

@@ -12,7 +12,7 @@ import pytest
 from trainers import gbdt
 from trainers.gbdt import _auc, _metric
 
-from ._proc import ROOT, rabit_run, run
+from .._proc import ROOT, rabit_run, run
 
 sys.path.insert(0, str(ROOT / "tests" / "programs"))
 import train_models as programs  # noqa: E402

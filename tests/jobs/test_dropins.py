@@ -18,7 +18,7 @@ import pytest
 
 from rabit_py.launcher._command import find_mpirun
 
-from ._proc import ROOT, _kill_tree, rabit_run, run
+from .._proc import ROOT, _kill_tree, rabit_run, run
 
 PROGRAMS = ROOT / "tests" / "programs"
 
