@@ -30,7 +30,18 @@ class RabitError(RuntimeError):
 
     Raised directly when the engine is unusable, e.g. after a timeout revoked its
     communicator.
+
+    Attributes:
+        secondary: True where this rank's error only says that another rank
+            ended the job (that rank reports the cause, to rabit-run too).
+        every_rank: True where every rank raised this error with the same
+            meaning (an agreement's outcome): left uncaught, one rank prints
+            it for the job (Note [one failure, read once] in
+            ``engine/_lifecycle.py``).
     """
+
+    secondary: bool = False
+    every_rank: bool = False
 
 
 class NotInitializedError(RabitError):
@@ -108,9 +119,8 @@ class TrainingError(RabitError):
     of retrying forever.
 
     Attributes:
-        rank: the rank whose error is quoted.
-        secondary: True on the ranks that only report ``rank``'s error (that
-            rank reports the cause to rabit-run, and ends the job).
+        rank: the rank whose error is quoted; the other ranks' errors are
+            ``secondary``.
     """
 
     def __init__(self, message: str, rank: int, secondary: bool = False) -> None:

@@ -201,7 +201,7 @@ class CallFrame:
             if "status" in fields:
                 # Another rank's input was refused: that rank raises and
                 # prints its own error; this one only repeats it.
-                mismatch.secondary = True       # type: ignore[attr-defined]
+                mismatch.secondary = True
             else:
                 mark_every_rank(mismatch)       # the same agreed outcome everywhere
             raise mismatch
@@ -235,7 +235,7 @@ class CallFrame:
                                + ("; a replacement would repeat the bug, so the job is not "
                                   "recovered" if self.recovers else ""))
                 error = RabitError(self.broken)
-                error.secondary = True      # type: ignore[attr-defined] # that rank reports it
+                error.secondary = True      # that rank reports it
                 return error
         else:
             tag = None

@@ -255,7 +255,9 @@ def is_every_rank(exc: BaseException) -> bool:
 
 
 def mark_every_rank(exc: BaseException) -> BaseException:
-    """Mark ``exc`` as raised on every rank (:func:`is_every_rank`); returns it."""
+    """Mark ``exc`` as raised on every rank (:func:`is_every_rank`); returns it.
+    A ``RabitError`` has the field; a bad setting's ``TypeError`` or
+    ``ValueError`` gets the attribute."""
     exc.every_rank = True       # type: ignore[attr-defined]
     return exc
 

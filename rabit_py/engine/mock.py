@@ -23,7 +23,11 @@ import os
 import signal
 import sys
 import time
+from typing import Any, Optional
+
+from ..ops import OpLike
 from ._mockplan import matches, parse_plan
+from .base import PrepareFn
 from .robust import RobustEngine
 
 __all__ = ["MockEngine", "parse_plan", "matches"]
@@ -36,6 +40,10 @@ class MockEngine(RobustEngine):
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self._plan = parse_plan(self.config.mock)
+
+    def allreduce(self, data: Any, op: OpLike, prepare_fun: Optional[PrepareFn] = None) -> Any:
+        self._before_call(self.frame.seqno)
+        return super().allreduce(data, op, prepare_fun)
 
     def _before_call(self, seqno: int) -> None:
         trial = self.trial + self.config.restart_count

@@ -301,7 +301,7 @@ class MpiEngine(Engine):
         try:
             if frame.size == 1:
                 return data.copy()
-            counts = self._row_counts(data.shape[0])
+            counts, _ = self._row_counts(data.shape[0], 0)     # device rows: no CRC
             return transport.allgather(data, counts.tolist())
         except MPI.Exception as exc:
             raise frame.failure(exc) from exc
@@ -434,7 +434,7 @@ class MpiEngine(Engine):
             if frame.size == 1:
                 return data.copy()
             data = np.ascontiguousarray(data)
-            counts, checks = self._row_counts(data)
+            counts, checks = self._row_counts(data.shape[0], crc32c(data))
             row = int(np.prod(data.shape[1:], dtype=np.int64))
             out = np.empty((int(counts.sum()),) + data.shape[1:], dtype=data.dtype)
             displs = np.zeros(frame.size, dtype=np.int64)
@@ -449,12 +449,12 @@ class MpiEngine(Engine):
         finally:
             frame.leave()
 
-    def _row_counts(self, data: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        """Every rank's row count and the CRC-32C of its rows for an
-        allgather, with the call's stamp checked (Note [call stamps])."""
+    def _row_counts(self, rows: int, check: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Every rank's row count and ``check`` (the CRC-32C of its rows) for
+        an allgather, with the call's stamp checked (Note [call stamps])."""
         frame = self.frame
         stamp = control.stamp(frame.token[1], frame.token[2])
-        mine = np.array([data.shape[0], stamp, crc32c(data)], dtype=np.int64)
+        mine = np.array([rows, stamp, check], dtype=np.int64)
         triples = np.empty((frame.size, 3), dtype=np.int64)
         frame.comm.Allgather(mine, triples)
         if (triples[:, 1] != stamp).any():

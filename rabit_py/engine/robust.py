@@ -112,7 +112,6 @@ class RobustEngine(MpiEngine):
             comm.Agree(1)
         if joined.owns_comm:
             comm.Free()                 # ours, not the caller's: the engine runs on a Dup
-        self._hooked = type(self)._before_call is not RobustEngine._before_call  # the mock
         self._cache = ResultCache(config.cache_budget or default_budget(),
                                   config.result_copies)
         self._epoch = BOOT
@@ -177,8 +176,6 @@ class RobustEngine(MpiEngine):
                   prepare_fun: Optional[PrepareFn] = None) -> np.ndarray:
         error = check_allreduce(data, op)
         key = (self._epoch, self.frame.seqno)
-        if self._hooked:
-            self._before_call(key[1])
         if error is not None:
             return self._allreduce_call(key, (), data, op, prepare_fun, error)
         # The dtype itself: its .str costs 0.3 us of the hot path.
@@ -444,7 +441,9 @@ class RobustEngine(MpiEngine):
 
     # ------------------------------------------------------------ the protocol
     def _before_call(self, seqno: int) -> None:
-        """Hook run at the start of every call (the mock kills here)."""
+        """Hook run at the start of every call but ``allreduce``, which keeps
+        the hot path free of it (the mock kills here, and overrides
+        ``allreduce`` to run it there too)."""
 
     def _next_key(self) -> Key:
         key = (self._epoch, self.frame.seqno)
