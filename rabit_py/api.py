@@ -14,14 +14,16 @@ import numpy as np
 
 from .config import Config
 from .engine import create as create_engine
-from .engine.base import BROADCAST, CheckpointResult, Engine, EngineInfo, PrepareFn, Transport
+from .engine.base import (BROADCAST, CheckpointResult, Engine, EngineInfo, PrepareFn, Resources,
+                          Transport)
 from .errors import NotInitializedError, RabitError
 from .ops import OpLike
 
 __all__ = ["init", "finalize", "get_rank", "get_world_size", "is_distributed",
            "get_processor_name", "allreduce", "broadcast", "allgather", "checkpoint",
            "lazy_checkpoint", "load_checkpoint", "version_number", "tracker_print",
-           "session", "abort", "is_initialized", "select_device", "engine_info"]
+           "session", "abort", "is_initialized", "select_device", "engine_info",
+           "resources"]
 
 log = logging.getLogger("rabit_py")
 
@@ -191,6 +193,18 @@ def engine_info() -> EngineInfo:
         NotInitializedError: before ``rabit_py.init()``.
     """
     return _current().info()
+
+
+def resources() -> Resources:
+    """What the features keep with the current engine, closed at
+    ``finalize()`` (the one communication thread of the bucketer, the torch
+    adapter and the KVStore; the device transports' state). For the
+    features built on this facade (``rabit_py.ddp``); programs do not need it.
+
+    Raises:
+        NotInitializedError: before ``rabit_py.init()``.
+    """
+    return _current().resources
 
 
 def select_device() -> int:

@@ -74,7 +74,7 @@ def comm_thread() -> CommThread:
     Raises:
         NotInitializedError: before ``rabit_py.init()``.
     """
-    resources = api._current().resources
+    resources = api.resources()
     if resources.comm_thread is None:
         resources.comm_thread = CommThread()
     return resources.comm_thread

@@ -102,6 +102,29 @@ class CallFrame:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
 
+    # The numbering of calls and versions is written here only (the engines
+    # read ``version``, ``seqno`` and ``membership``; tests/unit/test_layout.py
+    # checks that no other module assigns them).
+    def next_version(self) -> None:
+        """A checkpoint committed: the next version, its calls numbered from 0."""
+        self.version += 1
+        self.seqno = 0
+
+    def number_from(self, seqno: int) -> None:
+        """The next call is ``seqno`` of this version (a load, a replay, a
+        recovery round that resumes the count)."""
+        self.seqno = seqno
+
+    def adopt_version(self, version: int) -> None:
+        """This rank now holds ``version`` (loaded from disk, or served by the
+        survivors to a replacement)."""
+        self.version = version
+
+    def repaired(self) -> None:
+        """The communicators were replaced: transports made for the old ones
+        must be made again (``membership`` changes)."""
+        self.membership += 1
+
     @property
     def timed_out(self) -> bool:
         """Whether the watchdog fired for the current call."""

@@ -507,8 +507,7 @@ class MpiEngine(Engine):
             error = exc
         self.frame.sync(Kind.CHECKPOINT, error)
         self.checkpoints.commit(global_blob, local_blob)
-        self.frame.version += 1
-        self.frame.seqno = 0
+        self.frame.next_version()
         self.checkpoints.save(self.frame.version, global_blob, local_blob)
 
     def lazy_checkpoint(self, global_model: Any) -> None:
@@ -517,20 +516,19 @@ class MpiEngine(Engine):
                 if self.checkpoints.store is not None and self.frame.rank == 0 else None)
         self.frame.sync(Kind.CHECKPOINT, None)
         self.checkpoints.commit(None, None, lazy=global_model)
-        self.frame.version += 1
-        self.frame.seqno = 0
+        self.frame.next_version()
         self.checkpoints.save(self.frame.version, blob, None)
 
     def load_checkpoint(self, with_local: bool = False) -> CheckpointResult:
         self.frame.sync(Kind.LOAD_CHECKPOINT, None)
-        self.frame.seqno = 0    # calls are numbered from here, as after a checkpoint
+        self.frame.number_from(0)   # calls are numbered from here, as after a checkpoint
         self.load_durable()
         return self.checkpoints.result(self.frame.version, with_local)
 
     def load_durable(self) -> None:
         """Adopt the newest version on disk on a fresh start (collective)."""
         frame = self.frame
-        frame.version = self.checkpoints.load_durable(frame.comm, frame.rank, frame.version)
+        frame.adopt_version(self.checkpoints.load_durable(frame.comm, frame.rank, frame.version))
 
     def finalize(self) -> None:
         if self.frame.finalized:

@@ -195,7 +195,7 @@ class RobustEngine(MpiEngine):
                         ) -> np.ndarray:
         """An allreduce by :meth:`_call`: refused, or by recovery rounds."""
         def execute() -> np.ndarray:
-            self.frame.seqno = key[1]
+            self.frame.number_from(key[1])
             if error is not None:
                 MpiEngine.framed_allreduce(self, data, op, prepare_fun, error)
             return self._execute_allreduce(key, signature, data, op, prepare_fun)
@@ -234,7 +234,7 @@ class RobustEngine(MpiEngine):
                      (Kind.ALLREDUCE, op_code(op), np.dtype(data.dtype), tuple(data.shape)))
 
         def execute() -> Any:
-            self.frame.seqno = key[1]
+            self.frame.number_from(key[1])
             run()
             self.frame.check_revoked()
             self._cache.put_array(key, Kind.ALLREDUCE, signature, result(), device)
@@ -252,7 +252,7 @@ class RobustEngine(MpiEngine):
         signature = (Kind.BROADCAST, root)
 
         def execute() -> Any:
-            self.frame.seqno = key[1]
+            self.frame.number_from(key[1])
             result = super(RobustEngine, self).broadcast(data, root)
             self.frame.check_revoked()
             if self.broadcast_on_device:
@@ -309,7 +309,7 @@ class RobustEngine(MpiEngine):
         signature = (Kind.ALLGATHER,)
 
         def execute() -> Any:
-            self.frame.seqno = key[1]
+            self.frame.number_from(key[1])
             result = gather()
             self.frame.check_revoked()
             self._cache.put_array(key, Kind.ALLGATHER, signature, to_host(result), device)
@@ -370,7 +370,7 @@ class RobustEngine(MpiEngine):
             # Committed at every living rank (the agreement is uniform).
             self.checkpoints.commit(global_blob, local_blob, lazy)
             self._replicas.held = replicas
-            self.frame.version += 1
+            self.frame.next_version()
             self._start_epoch()
             if self.checkpoints.store is not None:
                 on_disk = global_blob
@@ -454,7 +454,7 @@ class RobustEngine(MpiEngine):
         """A checkpoint committed or the checkpoint was loaded: new numbering."""
         if self._epoch == BOOT or self._epoch != self.frame.version:
             self._epoch = self.frame.version
-            self.frame.seqno = 0
+            self.frame.number_from(0)
             self._cache.drop_epochs_before(self.frame.version)
 
     def _call(self, kind: int, key: Key, signature: tuple, execute: Callable[[], Any],
@@ -469,7 +469,7 @@ class RobustEngine(MpiEngine):
                 if outcome == _WAIT:
                     return _AGAIN
                 if outcome == _SERVED:
-                    self.frame.seqno = key[1] + 1
+                    self.frame.number_from(key[1] + 1)
                     if entry.signature != signature:
                         raise CollectiveMismatchError(
                             f"rank {self.frame.rank}: after recovery, call #{key[1]} of version "
@@ -553,7 +553,8 @@ class RobustEngine(MpiEngine):
         if not self._has_version and max_version == 0:
             # A replacement that caught up with the survivors before anyone took
             # a checkpoint: there is nothing to load, it runs on like them.
-            self.frame.version, self._has_version = 0, True
+            self.frame.adopt_version(0)
+            self._has_version = True
         return _EXECUTE, None
 
     def _serve_checkpoint(self, requesting: bool, version: int) -> None:
@@ -562,7 +563,7 @@ class RobustEngine(MpiEngine):
             self.frame.comm, requesting, self._has_version, self.checkpoints,
             lambda owner: self.recovery.local_model_lost(owner, version))
         if requesting and not self._has_version:
-            self.frame.version = version
+            self.frame.adopt_version(version)
             self.checkpoints.commit(blob, mine)
             self._has_version = True
         # Give the replacements the replicas they were keeping for their neighbours.
@@ -579,5 +580,5 @@ class RobustEngine(MpiEngine):
         except Exception as exc:
             raise self._internal_failure("repairing the job after a lost peer", exc) from exc
         self.use(*comms)
-        self.frame.membership += 1
+        self.frame.repaired()
         self._recovering = True

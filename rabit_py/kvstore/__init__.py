@@ -36,6 +36,10 @@ protocol] in ``engine/robust.py``).
 
 Asynchronous and bounded-delay consistency (``dist_async``, SSP) are out of
 scope: rabit_py is BSP by design.
+
+Tier T3 of DESIGN.md ("Tiers"): a feature on the public API. It uses
+``rabit_py.api``, ``rabit_py.ddp`` and tier T0 only, never an engine; its
+``_plans`` and ``_state`` are used only here (``tests/unit/test_layout.py``).
 """
 
 from __future__ import annotations

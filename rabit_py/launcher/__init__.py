@@ -23,6 +23,11 @@ The package: ``_command`` builds the mpirun command line, ``_hosts`` reads
 and probes the host list, ``_supervisor`` (with ``_processes``) runs one
 attempt under supervision, ``_restarts`` the restart policy around the
 attempts; ``main`` here ties them together.
+
+Tier T1 of DESIGN.md ("Tiers"): this package imports tier T0 and
+``rabit_py.engine``'s public names only (``checkpoint_folder_problem``), never
+MPI, the facade or a feature; its ``_private`` modules are used only here
+(``tests/unit/test_layout.py`` checks it).
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ stream of the parameter's device, so that the copy of the gradient into its
 bucket (and the event the reduction waits for) is queued after autograd's
 kernels that produced it; :meth:`~DistributedModule.synchronize` does the
 same for the averaging, so torch's optimizer step runs after it.
+
+Tier T3 of DESIGN.md ("Tiers"): a feature on the public API, built on
+``rabit_py.ddp``; it uses public names only (``tests/unit/test_layout.py``).
 """
 
 from __future__ import annotations

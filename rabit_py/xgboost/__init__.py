@@ -55,6 +55,10 @@ raise :class:`~rabit_py.TrainingError` on every rank (the failing rank
 re-raises its own error), after E, a broadcast of the error's text from the
 failing rank, and F, an allreduce that holds the failing rank back until
 every rank has that text.
+
+Tier T3 of DESIGN.md ("Tiers"): a feature on the public API. It uses
+``rabit_py.api`` and tier T0 only, never an engine; its ``_rounds`` and
+``_session`` are used only here (``tests/unit/test_layout.py``).
 """
 
 from __future__ import annotations

@@ -58,7 +58,10 @@ def assert_one_machine_bits(record, reference):
     for rank, r in record["results"].items():
         want = reference[rank]
         assert (r["model"], r["local"], r["version"]) == \
-            (want["model"], want["local"], want["version"]), f"rank {rank} differs"
+            (want["model"], want["local"], want["version"]), \
+            f"rank {rank} differs from the one-machine run (the ROUND lines give each " \
+            f"round's model digest; the first that differs is where it went wrong):\n" \
+            f"{record['output'][-6000:]}"
 
 
 needs_hosts = pytest.mark.skipif(not CAN_MAKE_HOSTS, reason=f"namespace hosts: {WHY_NOT}")

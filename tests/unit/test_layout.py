@@ -10,6 +10,7 @@ that Python runs ``a/__init__.py`` first is not counted.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
@@ -258,3 +259,45 @@ def test_the_top_level_holds_the_core_contracts_and_drop_ins_only():
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert top == ["__init__", "_arrays", "_status", "_version", "api", "cli", "collective",
                    "config", "errors", "extras", "mpi4py", "ops", "rabit"], top
+
+
+def frame_writes(text: str) -> List[str]:
+    """Assignments to a call frame's numbering (``x.frame.seqno = ...``,
+    ``frame.version += 1``, in tuple targets too) in a module's source."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for target in targets:
+            for part in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                if isinstance(part, ast.Attribute) and part.attr in FRAME_NUMBERING and (
+                        isinstance(part.value, ast.Name) and part.value.id == "frame"
+                        or isinstance(part.value, ast.Attribute) and part.value.attr == "frame"):
+                    found.append(f"{part.attr} (line {node.lineno})")
+    return found
+
+
+FRAME_NUMBERING = {"version", "seqno", "membership", "token"}
+
+
+def test_the_checker_finds_writes_to_the_frame_numbering():
+    text = ("self.frame.seqno = 3\nframe.version += 1\nself.frame.version, x = 0, 1\n"
+            "y = self.frame.seqno\nself.seqno = 2\n")
+    assert frame_writes(text) == ["seqno (line 1)", "version (line 2)", "version (line 3)"]
+
+
+def test_only_the_call_frame_writes_the_call_numbering():
+    writes = {str(path.relative_to(PACKAGE)): frame_writes(path.read_text())
+              for path in PACKAGE.rglob("*.py") if path.name != "_frame.py"}
+    writes = {name: found for name, found in writes.items() if found}
+    assert not writes, f"the call frame owns version, seqno and membership: {writes}"
+
+
+def test_features_use_the_facade_by_its_public_names():
+    reaching = {}
+    for name, path in module_names().items():
+        if tier_of(name) == 3:
+            found = re.findall(r"\bapi\._\w+", path.read_text())
+            if found:
+                reaching[name] = sorted(set(found))
+    assert not reaching, f"features reaching into the facade's private names: {reaching}"
