@@ -37,7 +37,7 @@ import atexit
 import logging
 import pickle
 import sys
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -78,6 +78,15 @@ log = logging.getLogger("rabit_py")
 
 
 
+class Carried(NamedTuple):
+    """What a broadcast carried, for the robust engine's result cache."""
+
+    #: a device array (the cache keeps its host copy)
+    on_device: bool
+    #: an object's pickled bytes (None for an array)
+    pickled: Optional[bytes]
+
+
 class MpiEngine(Engine):
     """The public API on mpi4py, with checks and timeouts but no recovery.
 
@@ -113,11 +122,6 @@ class MpiEngine(Engine):
         frame.check = config.check and frame.size > 1
         self.checkpoints = Checkpoints(self._open_store(config, agree=check_settings))
         self._header = np.zeros(HEADER_LEN, dtype=np.int64)
-        #: what the last broadcast carried, for the robust engine's result
-        #: cache: the pickled bytes of an object (None for an array), and
-        #: whether it was a device array
-        self.broadcast_payload: Optional[Any] = None
-        self.broadcast_on_device = False
         self._resources = Resources()
         self._transports = Transports(self, device_transports)
         # Every facade call asks it: bound once (a method call less per call).
@@ -353,6 +357,12 @@ class MpiEngine(Engine):
         return data if out is None else out
 
     def broadcast(self, data: Any, root: int = 0) -> Any:
+        return self.carried_broadcast(data, root)[0]
+
+    def carried_broadcast(self, data: Any, root: int) -> Tuple[Any, "Carried"]:
+        """:meth:`broadcast`, returning also what it carried (for the robust
+        engine's result cache): whether a device array, and an object's
+        pickled bytes."""
         frame = self.frame
         error = check_root(root, frame.size)
         # Plain NumPy arrays (the common case) skip the device lookup.
@@ -376,14 +386,13 @@ class MpiEngine(Engine):
                 values, payload = array_header(DEVICE, tuple(data.shape), data.dtype), None
             elif is_root or frame.size == 1:
                 values, payload, pickle_error = root_header(data)
-            self.broadcast_payload = None
-            self.broadcast_on_device = on_device
+            pickled: Optional[bytes] = None
             if frame.size == 1:
                 # Same errors at world size 1 as at N: the object must pickle.
                 if pickle_error is not None:
                     raise TypeError(f"rank 0: broadcast from root 0: the root's object cannot "
                                     f"be pickled: {pickle_error}") from pickle_error
-                return data
+                return data, Carried(on_device, None)
             header = self._header
             stamp = control.stamp(frame.token[1], frame.token[2])
             if is_root:
@@ -399,15 +408,14 @@ class MpiEngine(Engine):
                     raise control.InterruptedExchange(
                         f"broadcast #{frame.token[2]} from root {root}: the array differs from "
                         f"the root's (CRC-32C)")
-                return received
+                return received, Carried(False, None)
             if h[0] == DEVICE:
-                self.broadcast_on_device = True   # the robust engine keeps that too
-                return broadcast_device_array(frame.comm, frame.rank, self.device_transport(),
-                                              data, h, root)
+                return (broadcast_device_array(frame.comm, frame.rank, self.device_transport(),
+                                               data, h, root), Carried(True, None))
             if not is_root:
                 payload = bytearray(h[1])
             frame.comm.Bcast([payload, MPI.BYTE], root=root)
-            self.broadcast_payload = payload   # the robust engine caches these bytes
+            pickled = bytes(payload)
             if not is_root:
                 frame.check_revoked()       # before unpickling what may be half a message
                 if h[0] == PICKLED and crc32c(payload) != h[CHECK]:
@@ -422,7 +430,7 @@ class MpiEngine(Engine):
             raise TypeError(f"rank {frame.rank}: broadcast from root {root}: the root's object "
                             f"cannot be pickled: {bytes(payload).decode(errors='replace')}"
                             ) from pickle_error
-        return data if is_root else pickle.loads(payload)
+        return (data if is_root else pickle.loads(payload)), Carried(False, pickled)
 
     def allgather(self, data: np.ndarray) -> np.ndarray:
         frame = self.frame

@@ -253,19 +253,18 @@ class RobustEngine(MpiEngine):
 
         def execute() -> Any:
             self.frame.number_from(key[1])
-            result = super(RobustEngine, self).broadcast(data, root)
+            result, carried = self.carried_broadcast(data, root)
             self.frame.check_revoked()
-            if self.broadcast_on_device:
+            if carried.on_device:
                 # A device array (NCCL): its host copy is kept (a receiver that
                 # passed a NumPy array got one already).
                 transport = self.device_transport()
                 host = transport.to_host(result) if transport.carries(result) else result
                 self._cache.put_array(key, Kind.BROADCAST, signature, host, device=True)
-            elif isinstance(result, np.ndarray) and self.broadcast_payload is None:
+            elif isinstance(result, np.ndarray) and carried.pickled is None:
                 self._cache.put_array(key, Kind.BROADCAST, signature, result)
             else:
-                self._cache.put_bytes(key, Kind.BROADCAST, signature,
-                                      bytes(self.broadcast_payload or b""))
+                self._cache.put_bytes(key, Kind.BROADCAST, signature, carried.pickled or b"")
             self._thin(key)
             return result
 
