@@ -9,7 +9,8 @@ first whose ``enabled(data, op)`` says yes carries the call:
    ranks chose it (Note [device arrays] in ``gpu/__init__.py``);
 2. ``staged`` (``rabit_py.gpu``): the other device arrays, copied through
    (page-locked) host memory and carried by the host transport;
-3. ``host``: NumPy arrays and objects, the engine's own collectives.
+3. ``host``: NumPy arrays and objects, the engine's own collectives: the
+   engine is its own host transport.
 
 The host transport picks shared memory or MPI inside the call (Note [fixed
 groups] in ``_shm.py``, ``_reduce.HostReduce``), not as candidates of their
@@ -33,53 +34,25 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-import numpy as np
-
 from .._arrays import is_device_array
-from .base import DeviceTransports, Engine, PrepareFn, Transport
+from .base import DeviceTransports, Engine, Transport
 
-__all__ = ["HostTransport", "Transports"]
-
-
-class HostTransport(Transport):
-    """NumPy arrays and objects: the engine's own framed collectives."""
-
-    name = "host"
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        # Every host call's path: the engine's own methods, without a call
-        # of ours around them (as the methods below would do).
-        self.allreduce = engine.allreduce       # type: ignore[method-assign]
-        self.broadcast = engine.broadcast       # type: ignore[method-assign]
-        self.allgather = engine.allgather       # type: ignore[method-assign]
-
-    def enabled(self, data: Any, op: Any) -> bool:
-        return True
-
-    def allreduce(self, data: Any, op: Any, prepare_fun: Optional[PrepareFn]) -> Any:
-        return self._engine.allreduce(data, op, prepare_fun)
-
-    def broadcast(self, data: Any, root: int) -> Any:
-        return self._engine.broadcast(data, root)
-
-    def allgather(self, data: Any) -> Any:
-        return self._engine.allgather(data)
+__all__ = ["Transports"]
 
 
 class Transports:
     """An engine's ordered candidates (Note [transports])."""
 
-    def __init__(self, engine: Engine, device_transports: Optional[DeviceTransports]) -> None:
+    def __init__(self, engine: Engine, host: Transport,
+                 device_transports: Optional[DeviceTransports]) -> None:
         self._engine = engine
         self._device_transports = device_transports
-        self.host = HostTransport(engine)
+        self.host = host
         self._candidates: Optional[List[Transport]] = None
 
     def for_call(self, data: Any, op: Any) -> Transport:
-        """The first candidate enabled for a call on ``data``."""
-        if type(data) is np.ndarray:
-            return self.host
+        """The first candidate enabled for a call on ``data`` (the engine
+        itself answers a NumPy array before asking: every call's path)."""
         if self._candidates is None:
             if self._device_transports is None or not is_device_array(data):
                 return self.host

@@ -87,7 +87,7 @@ class Carried(NamedTuple):
     pickled: Optional[bytes]
 
 
-class MpiEngine(Engine):
+class MpiEngine(Engine, Transport):
     """The public API on mpi4py, with checks and timeouts but no recovery.
 
     Args:
@@ -123,9 +123,7 @@ class MpiEngine(Engine):
         self.checkpoints = Checkpoints(self._open_store(config, agree=check_settings))
         self._header = np.zeros(HEADER_LEN, dtype=np.int64)
         self._resources = Resources()
-        self._transports = Transports(self, device_transports)
-        # Every facade call asks it: bound once (a method call less per call).
-        self.transport = self._transports.for_call  # type: ignore[method-assign]
+        self._transports = Transports(self, self, device_transports)
         frame.reporter = Reporter.for_rank(config.run_status_dir, frame.rank)
         reports = frame.reporter.folder is not None
         if (config.timeout > 0 or reports) and frame.size > 1:
@@ -326,7 +324,15 @@ class MpiEngine(Engine):
     def resources(self) -> Resources:
         return self._resources
 
+    # The engine is its own host transport (Note [transports]).
+    name = "host"
+
+    def enabled(self, data: Any, op: Any) -> bool:
+        return True
+
     def transport(self, data: Any, op: Any) -> Transport:
+        if type(data) is np.ndarray:
+            return self             # every NumPy call's path: one type check
         return self._transports.for_call(data, op)
 
     # ------------------------------------------------------------ collectives
