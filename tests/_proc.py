@@ -4,8 +4,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,23 +19,37 @@ def rabit_run(n: int, *program: str, spares: int = 0) -> List[str]:
 
 
 def run(cmd: List[str], timeout: float, env: Optional[dict] = None,
-        cwd: Optional[Path] = None) -> Tuple[int, str]:
+        cwd: Optional[Path] = None,
+        on_line: Optional[Callable[[str], None]] = None) -> Tuple[int, str]:
     """Run ``cmd`` (in ``cwd``, default the checkout); return (exit code,
-    stdout+stderr). A command still running at ``timeout`` has its whole
-    process group killed and fails the test."""
+    stdout+stderr). ``on_line`` is called with each line as it comes (to act
+    on cues: kill a process when the job says something). A command still
+    running at ``timeout`` has its whole process group killed and fails the
+    test."""
     proc = subprocess.Popen(cmd, cwd=cwd or ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True,
                             env={**os.environ, **(env or {})})
+    lines: List[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if on_line is not None:
+                on_line(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
+        reader.join(timeout=30)
     except subprocess.TimeoutExpired:
         _kill_tree(proc.pid)
-        out, _ = proc.communicate(timeout=30)
+        reader.join(timeout=30)
         raise AssertionError(
-            f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-6000:]}") from None
+            f"timed out after {timeout} s: {' '.join(cmd)}\n{''.join(lines)[-6000:]}") from None
     finally:
         _kill_tree(proc.pid)                        # leftovers of the job, if any
-    return proc.returncode, out
+    return proc.returncode, "".join(lines)
 
 
 def _kill_tree(pid: int) -> None:

@@ -25,11 +25,13 @@ def parse(out: str, tag: str) -> list:
             if line.startswith(tag + " ")]
 
 
-def run_job(env: dict, *args: str, timeout: float = 120, spares: int = 0) -> tuple:
+def run_job(env: dict, *args: str, timeout: float = 120, spares: int = 0,
+            on_line=None) -> tuple:
     # A short collective timeout: a stuck job ends with a message well before
     # the test's own timeout.
     env = {"RABIT_TIMEOUT": "45", **env}
-    code, out = run(rabit_run(RANKS, *PROGRAM, *args, spares=spares), timeout=timeout, env=env)
+    code, out = run(rabit_run(RANKS, *PROGRAM, *args, spares=spares), timeout=timeout, env=env,
+                    on_line=on_line)
     return code, out, parse(out, "START"), parse(out, "RESULT")
 
 
@@ -239,12 +241,23 @@ def test_a_spare_takes_the_place_of_a_killed_rank(reference, spares, plan, kille
 
 
 def test_a_dead_spare_is_skipped(reference):
-    # The last of two spares dies while waiting (about when rank 1 dies, before
-    # or after): the other spare takes rank 1's place, and the job ends
-    # (releasing a dead spare does not hang).
+    # The last of two spares is SIGKILLed while it waits, just before rank 1
+    # dies (at the round before): the other spare takes rank 1's place, and the
+    # job ends (releasing a dead spare does not hang). The kill follows the
+    # job's own output: a timer from the spare's start (as before) fired inside
+    # the job's start-up under load, before the spare waited.
+    spare = []
+
+    def on_line(line: str) -> None:
+        if line.startswith("SPARE "):
+            spare.append(int(line.split()[1]))
+        elif line.startswith("ROUND 3 done") and spare:
+            os.kill(spare[0], signal.SIGKILL)
+
     code, out, starts, results = run_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,4,1,0"},
-                                         "--kill-last-spare-after", "1.0", "--sleep", "0.3",
-                                         spares=2)
+                                         "--announce-last-spare", "--sleep", "0.3",
+                                         spares=2, on_line=on_line)
+    assert spare, out[-6000:]
     assert code == 0, out[-6000:]
     assert_recovered(out, starts, results, reference, {1})
     assert [r["joined"] for r in results if r["rank"] == 1] == ["spare"]

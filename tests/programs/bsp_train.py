@@ -10,9 +10,7 @@ import argparse
 import hashlib
 import json
 import os
-import signal
 import sys
-import threading
 import time
 
 import numpy as np
@@ -31,8 +29,9 @@ def main() -> int:
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per round")
     parser.add_argument("--mismatch-at", type=int, default=-1)
     parser.add_argument("--raise-at", type=int, default=-1)
-    parser.add_argument("--kill-last-spare-after", type=float, default=-1,
-                        help="the last spare process SIGKILLs itself after this many seconds")
+    parser.add_argument("--announce-last-spare", action="store_true",
+                        help="the last spare process prints SPARE <pid> before init(), so "
+                             "that a test can kill it while it waits")
     parser.add_argument("--linger-on-error", type=float, default=0.0,
                         help="seconds to stay after a RecoveryError: mpirun ends the whole job "
                              "at the second non-zero exit, which could cut short what the "
@@ -43,15 +42,9 @@ def main() -> int:
     spares = int(os.environ.get("RABIT_SPARES", "0") or 0)
     world_rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
     world_size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
-    timer = None
-    if args.kill_last_spare_after >= 0 and spares and world_rank == world_size - 1:
-        timer = threading.Timer(args.kill_last_spare_after, os.kill,
-                                (os.getpid(), signal.SIGKILL))
-        timer.daemon = True
-        timer.start()
+    if args.announce_last_spare and spares and world_rank == world_size - 1:
+        print(f"SPARE {os.getpid()}", flush=True)
     rabit.init()
-    if timer is not None:
-        timer.cancel()          # this spare became a rank: it lives
     rank, size = rabit.get_rank(), rabit.get_world_size()
     info = rabit.engine_info()
     trial, joined = info.trial, info.joined_as
