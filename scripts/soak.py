@@ -280,7 +280,9 @@ def run_job(args: argparse.Namespace, kills: int, seed: int, log_path: Path) -> 
             r = json.loads(line[7:])
             results[r["rank"]] = r
         elif line.startswith("START "):
-            starts.append(json.loads(line[6:]))
+            # raw_decode: a killed rank's unfinished line can have another
+            # rank's output glued after its JSON (mpirun forwards chunks).
+            starts.append(json.JSONDecoder().raw_decode(line[6:])[0])
     restarts = max((s["restart"] for s in starts), default=0)
     replaced = sum(1 for s in starts if s["joined"] != "start")
     gaps = [b - a for a, b in zip(rounds, rounds[1:])]
