@@ -32,6 +32,13 @@ tell a user nothing); an error of the program's own code as Python prints
 it. ``RABIT_LOG_LEVEL=DEBUG`` prints every traceback of every rank; an
 excepthook that the program installed is called instead of ours. rabit-run's
 verdict names the earliest report (the cause), once.
+
+An error of ``init`` that every rank raises comes before the engine and its
+notices (:func:`print_once`): there the other ranks stay a moment before
+they exit, since mpirun ends the whole job at the first rank that exits with
+an error, and rank 0 was seen killed that way before it had printed (as an
+ordinary user, 1 CI run: rabit-run said "its error is above" and nothing
+was).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import traceback
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -111,6 +119,11 @@ def error_printer(previous: Any, rank: int, verbose: bool = False) -> Any:
     return printer
 
 
+# Seconds the ranks that print nothing stay after an every-rank error of
+# init, so that rank 0's print is not cut short by the job's teardown.
+_QUIET_EXIT_DELAY = 2.0
+
+
 def print_once(exc: BaseException, rank: int) -> None:
     """``exc`` is on its way out of ``init`` on every rank (a bad setting,
     ranks started with different settings, an unusable checkpoint folder),
@@ -126,6 +139,8 @@ def print_once(exc: BaseException, rank: int) -> None:
         elif rank == 0:
             sys.stderr.write(user_traceback(exc_type, value, tb, rank))
             sys.stderr.flush()
+        else:
+            time.sleep(_QUIET_EXIT_DELAY)    # rank 0 prints first (see the Note)
 
     sys.excepthook = hook
 
