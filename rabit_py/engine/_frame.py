@@ -15,9 +15,8 @@ is told that a restart may help).
 
 # Note [revoked success]
 Under ULFM a collective that a peer's revoke interrupts can return success
-on the ranks still inside it, with part of the data (seen: an allgather of
-pickles in the recovery protocol gave ``UnpicklingError: invalid load key
-'\\x00'`` while the other ranks raised ``RecoveryError`` and revoked). A
+on the ranks still inside it, with part of the data (for pickles, an
+``UnpicklingError`` on one rank while the others raise ``RecoveryError``). A
 call's result is trusted only if its communicator was not revoked when it
 returned (:meth:`CallFrame.check_revoked`, 0.1 us, local); otherwise it counts
 as interrupted, as if it had raised. Communicators of our own beside the
@@ -191,8 +190,7 @@ class CallFrame:
         except Exception as exc:
             # mpi4py unpickles inside its call: a half-filled message from a
             # revoked collective (Note [revoked success]) raises before
-            # check_revoked can run (seen: UnpicklingError: invalid load
-            # key '\x00').
+            # check_revoked can run.
             if not agreement and self.ulfm and self._interrupted_by_failure():
                 raise self.failure(MPI.Exception(ERR_REVOKED)) from exc
             raise
@@ -211,8 +209,8 @@ class CallFrame:
             # The descriptions go on the control communicator. A rank
             # that raised first may revoke the data communicator (its uncaught
             # exception ends the job) while slower ranks are still here; under
-            # ULFM their collective then returned "success" with half-filled
-            # buffers (seen: UnpicklingError, 2 runs in 21 on a loaded machine).
+            # ULFM their collective then returns "success" with half-filled
+            # buffers (Note [revoked success]).
             everyone = control.allgather(self.ctrl, mine.describe(), "check.mismatch")
             message = describe_mismatch(self.rank, mine, fields, everyone)
             if any(d["kind"] == "finalize" for d in everyone):
@@ -243,9 +241,8 @@ class CallFrame:
                 and self._interrupted_by_failure()):
             # Open MPI's nonblocking-schedule collectives (libnbc) report a
             # peer's death as MPI_ERR_OTHER ("NBC_Progress: an error 75 was
-            # found during schedule", 75 being MPI_ERR_PROC_FAILED): seen in
-            # CI, a replacement's recovery round during a second kill, which
-            # ended the job as a bug. A peer is gone: it is that.
+            # found during schedule", 75 being MPI_ERR_PROC_FAILED). A peer
+            # is gone: it is that, not a bug.
             error_class = ERR_REVOKED if self.comm.Is_revoked() else ERR_PROC_FAILED
         lost = error_class in (ERR_PROC_FAILED, ERR_REVOKED)
         if lost and not fired and self.ulfm:
@@ -300,8 +297,8 @@ class CallFrame:
         # The job cannot go on, whatever the program does next: tell rabit-run
         # now. A program that catches the error, or meets it at finalize
         # (where the excepthook is gone), would otherwise leave the job to
-        # ranks that may never return (seen: survivors hung inside XGBoost
-        # while this rank waited for them in MPI_Finalize, for good).
+        # ranks that may never return: survivors blocked inside a library's
+        # own communication, while this rank waits for them in MPI_Finalize.
         self.reporter.fatal(RESTART, self.broken)
         return RecoveryError(self.broken)
 
@@ -314,10 +311,9 @@ class CallFrame:
     def _interrupted_by_failure(self, wait: float = 1.0) -> bool:
         """After a collective raised outside MPI (mpi4py unpickling half a
         message): whether a peer failed or the communicator was revoked. The
-        revoke can come a moment after the call returned (seen in a storm:
-        UnpicklingError on one rank at the disk resume, MPI_ERR_REVOKED on
-        the others 11 ms later), so this waits up to ``wait`` s for either;
-        only this error path pays it."""
+        revoke can come a moment after the call returned (milliseconds after
+        the others raised ``MPI_ERR_REVOKED``), so this waits up to ``wait`` s
+        for either; only this error path pays it."""
         deadline = time.monotonic() + wait
         while True:
             if self.comm.Is_revoked():

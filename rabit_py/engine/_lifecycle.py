@@ -36,9 +36,8 @@ verdict names the earliest report (the cause), once.
 An error of ``init`` that every rank raises comes before the engine and its
 notices (:func:`print_once`): there the other ranks stay a moment before
 they exit, since mpirun ends the whole job at the first rank that exits with
-an error, and rank 0 was seen killed that way before it had printed (as an
-ordinary user, 1 CI run: rabit-run said "its error is above" and nothing
-was).
+an error, which can kill rank 0 before it has printed (rabit-run would
+then say "its error is above" and nothing would be).
 """
 
 from __future__ import annotations
@@ -299,7 +298,7 @@ def abort_job(comm: Any, reporter: Optional[Reporter], code: int = 1,
     """``MPI_Abort`` on ``comm``, made sure to end this process.
 
     With ULFM, ``MPI_Abort`` can block for good when the job is recovering or
-    already revoked (seen in CI); the process then ends itself after
+    already revoked; the process then ends itself after
     ``fallback_s`` seconds, leaving rabit-run a ``failed`` mark first
     (``os._exit`` skips the atexit hook that writes it)."""
     if reporter is not None:

@@ -24,12 +24,12 @@ def singleton_without_libfabric() -> Iterator[None]:
     - Open MPI's libfabric BTL is skipped (it spends about a second in
       MPI_Init where there is no libfabric network), and its shared-memory
       BTL, whose backing file a one-process job left in ``/dev/shm`` at every
-      start (seen: 36 after one test run): one process needs neither. Never
+      start: one process needs neither. Never
       over the user's own ``OMPI_MCA_btl``;
     - Open MPI's session folder goes to a private temporary folder (through
       ``TMPDIR``, which it reads at MPI_Init), removed at exit: a singleton
       left an empty ``/tmp/ompi.<host>.<uid>/jf.0/<job>`` folder behind at
-      every run (37 after the README's tour).
+      every run.
 
     The variables are set only for that moment, never in a launched rank
     (rabit-run gives the ranks private folders itself)."""

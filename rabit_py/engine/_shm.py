@@ -47,7 +47,7 @@ comes), the others copy the result.
 The bits of a hierarchical sum depend on the grouping: ``(a+b)+(c+d)`` is
 not ``((a+b)+c)+d``. Grouping ranks by the host they run on *now* made a job
 whose replacement started on another host compute other bits than a
-failure-free run (seen across namespace hosts). So the groups are the hosts
+failure-free run. So the groups are the hosts
 of the job's *start* (``groups``: a group id per rank, computed at ``init``
 and handed to replacements through the reducer's creation), kept for the
 job's life. A group whose ranks no longer share one host reduces over MPI
@@ -322,10 +322,9 @@ class NodeReducer:
         """Note [revoked success] in ``_frame.py``, for the node and leaders
         communicators: an MPI call on them that a peer's revoke interrupts can
         return success with part of the data. The engine checks its own
-        communicator after each call, but a peer revokes these first (seen
-        across namespace hosts: a rank killed in a hierarchical allreduce,
-        and every rank's model then differed from the failure-free run's, 2
-        runs in 40): the result is trusted only if neither was revoked."""
+        communicator after each call, but a peer revokes these first (a rank
+        killed in a hierarchical allreduce, and the others' results would
+        miss its part): the result is trusted only if neither was revoked."""
         try:
             revoked = self.is_revoked()
         except (AttributeError, NotImplementedError, MPI.Exception):

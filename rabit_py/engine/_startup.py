@@ -24,7 +24,7 @@ _PER_RANK_SETTINGS = frozenset({"log_level"})
 def check_same_settings(comm: Any, config: Config) -> List[str]:
     """At start-up, collectively: every rank must run with the same settings
     (on several hosts a ``RABIT_*`` variable that was not forwarded leaves
-    some ranks without it; seen: ranks without the checkpoint folder, and the
+    some ranks without it: ranks without the checkpoint folder, say, and the
     others waiting for them in ``load_checkpoint`` until the timeout).
     Returns each rank's host (for Note [fixed groups] in ``_shm.py``).
 

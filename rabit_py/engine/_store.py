@@ -380,8 +380,8 @@ class DurableStore:
         resume from): a failed attempt's leftovers, which no rank could load
         (else the ranks would have agreed on them). Left there they made a
         complete-looking newer set, so pruning removed the files that the
-        resumed job was writing again (seen: a rank's rename failed with
-        ENOENT in a storm of restarts). Run by the leader before the ranks
+        resumed job was writing again (a rank's rename then fails with
+        ENOENT). Run by the leader before the ranks
         write again."""
         for v, names in self._files().items():
             if v > version:

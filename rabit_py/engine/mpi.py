@@ -19,10 +19,9 @@ mixing two calls' data. A broadcast's payload (an array or a pickled
 object) and each rank's rows of an allgather also carry their CRC-32C, in
 the header and with the row counts: data that differ from what their sender
 sent are an interrupted call, which the robust engine recovers from like a
-lost peer (seen across namespace hosts: a rank killed inside an allgather,
-and a survivor's call returned success with that rank's rows never filled
-in; the survivor's cached result was then served to every rank, and every
-model differed from the failure-free run's). Checking costs one pass of
+lost peer (a rank killed inside an allgather can leave a survivor's call
+returning success with that rank's rows never filled in, and that result,
+cached, would be served to every rank in the recovery). Checking costs one pass of
 hardware CRC-32C over the data on each rank (0.04 ms per MiB here). An
 allreduce has no header (its result has no room for a stamp): the signature
 check (on by default) carries the stamp there, and a revoked communicator
@@ -478,9 +477,8 @@ class MpiEngine(Engine, Transport):
     def _check_rows(self, out: np.ndarray, counts: np.ndarray, displs: np.ndarray,
                     checks: np.ndarray) -> None:
         """Note [call stamps]: every rank's rows as that rank sent them; an
-        allgather that returned with another rank's rows missing or torn (seen
-        across namespace hosts: a rank killed in it, and a survivor's call
-        returned success with a block that never came) is an interrupted call."""
+        allgather that returned with another rank's rows missing or torn (a
+        rank killed in it) is an interrupted call."""
         for rank in range(self.frame.size):
             block = out[int(displs[rank]):int(displs[rank] + counts[rank])]
             if crc32c(block) != checks[rank]:

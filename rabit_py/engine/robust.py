@@ -33,10 +33,9 @@ peer that dies at the very end is replaced and replays up to it.
 # Note [fresh start with a store]
 With a durable checkpoint folder, a fresh job's first ``load_checkpoint``
 makes the ranks agree on the newest version on disk. A rank that dies before
-that is done must not make the job start over from version 0 (it did: the
-survivors served the replacement version 0 and went on from there, beside
-the newer versions that an earlier attempt had left on disk; seen in a
-storm, at the start of a restarted attempt). So each rank with a store keeps
+that is done must not make the job start over from version 0 (the survivors
+would serve the replacement version 0 and go on from there, beside the newer
+versions that an earlier attempt had left on disk). So each rank with a store keeps
 ``_resume_pending`` until the resume is done; the recovery round's summary
 carries it (a MAX over the ranks), and a replacement takes it from there. A
 rank in that ``load_checkpoint`` while recovering, holding its version (0),

@@ -3,8 +3,8 @@ hosts]), its options, and how one job is launched (``Launch``).
 
 # Note [several hosts]
 With a host list (``--hostfile``, ``--host``, or a Slurm allocation of more
-than one node) rabit-run changes what it adds (seen across namespace hosts,
-shared/notes/multihost.md):
+than one node) rabit-run changes what it adds (verified across namespace
+hosts, shared/notes/multihost.md):
 
 - no ``--oversubscribe`` (PRRTE then put every rank on the first host in
   some runs) but ``--map-by slot``, so ranks fill each host's slots in the

@@ -19,8 +19,8 @@ def descendants(pid: int) -> List[int]:
         try:
             fields = entry.read_text().rsplit(")", 1)[1].split()
             if fields[0] == "Z":
-                # An ended rank that mpirun has not reaped (seen when it hangs
-                # after an abort): not alive.
+                # An ended rank that mpirun has not reaped (it can hang after
+                # an abort): not alive.
                 continue
             children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
         except (OSError, IndexError, ValueError):

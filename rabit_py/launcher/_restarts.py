@@ -24,8 +24,8 @@ def _run(launch: Launch, env: Dict[str, str]) -> Outcome:
     """Run one attempt under supervision (Note [supervision] in ``_supervisor.py``).
 
     An mpirun that fails to start the job at all (PRRTE's exit status 213, no
-    rank started: seen as "The PMIx server's listener thread failed to
-    start", an intermittent PMIx fault) is started again, up to twice; it is
+    rank started: "The PMIx server's listener thread failed to start", an
+    intermittent PMIx fault) is started again, up to twice; it is
     not a failure of the job, and restarts are not spent on it.
     """
     for tries in range(_LAUNCH_TRIES):

@@ -9,12 +9,12 @@ ranks run in process groups of their own -- when:
 (a) a process reports that the job cannot go on (a ``fatal`` mark: a recovery
     that is impossible or stuck, a timeout, an uncaught exception), and the
     job has not ended by itself within ``FATAL_GRACE_S`` (an ``MPI_Abort``
-    under ULFM does not always end the job: seen running for minutes, printing
-    ``LAUNCHER JOB OBJECT NOT FOUND``);
+    under ULFM does not always end the job: it can run on for minutes,
+    printing ``LAUNCHER JOB OBJECT NOT FOUND``);
 (b) no rank made progress for the stall timeout while every living rank was
     inside rabit_py (a collective or a repair), none in the program's own
-    code: a wedge (seen: survivors looping in ``NBC_Progress: an error 75``,
-    a replacement blocked for good in ``PMIx_Get``). The default timeout is
+    code: a wedge (survivors looping in ``NBC_Progress: an error 75``, a
+    replacement blocked for good in ``PMIx_Get``). The default timeout is
     ``STALL_FACTOR`` times the longest gap between two progress reports seen
     so far, within [``STALL_FLOOR_S``, ``STALL_CEILING_S``]. A rank whose
     process is stopped (SIGSTOP) computes nothing, whatever its last
@@ -27,7 +27,7 @@ ranks run in process groups of their own -- when:
 # Note [stuck spawn]
 ``MPI_Comm_spawn`` and the merge after it are not fault tolerant in Open MPI
 5: when a process taking part dies during them, the survivors wait for good
-(seen in storms: no repair output, then ``NBC_Progress: an error 75`` loops).
+(no repair output, then ``NBC_Progress: an error 75`` loops).
 The engine's RABIT_RECOVERY_TIMEOUT ends such a repair, but only after its
 30 s. Ranks inside a spawn report it in their heartbeat (state ``spawn`` and
 the ranks spawned for), so rabit-run can tell that case exactly: a rank whose
@@ -38,12 +38,9 @@ ended) before rabit-run ends the job for a restart.
 
 # Note [teardown hang]
 After in-job recoveries that spawned processes, Open MPI 5's MPI_Finalize
-sometimes never returns in processes of the original launch (seen: about 1
-run in 6 of the spare-refill scenario under CPU load, 1 in 25 of Rabit's
-local_recover.py with two mock kills; gdb: the main thread in
-``ompi_mpi_finalize`` -> ``usleep``, the lazy wait for the PMIx fence that
-opens MPI_Finalize, for good, in the processes of the original launch, the
-spawned ones gone). Open MPI's issues: the fence waiting on failed processes
+sometimes never returns in processes of the original launch, the spawned
+ones gone: the main thread waits in ``ompi_mpi_finalize`` -> ``usleep``, the
+lazy wait for the PMIx fence that opens MPI_Finalize, for good. Open MPI's issues: the fence waiting on failed processes
 (open-mpi/ompi#9434, closed as fixed in 2022) and parents of spawned
 processes hanging in finalize (open-mpi/ompi#13127, open). Open MPI 5.0.11 has no
 switch to skip that fence (``ompi_async_mpi_finalize`` is not a setting).
@@ -160,8 +157,8 @@ class Attempt:
         self._pids_seen: Set[int] = set()
         # Every process of the job seen while mpirun lived, with its start
         # time: one that mpirun left behind (reparented to init when mpirun
-        # exited, so no longer its descendant) is ended too. Seen: a spare
-        # of a job that a rank's bug ended.
+        # exited, so no longer its descendant) is ended too: a spare of a
+        # job that a rank's bug ended, say.
         self._tree: Dict[int, str] = {}
         self._said: Set[str] = set()
 
@@ -270,8 +267,8 @@ class Attempt:
         all_clean = everyone and not fatal
         if all_clean and (code == 0 or code > 128 or stopped is not None):
             if code > 128 and stopped is None:
-                # Seen with --with-ft ulfm: a process that replaced a dead
-                # rank finalizes cleanly, then aborts inside Open MPI's own
+                # Under --with-ft ulfm a process that replaced a dead rank
+                # can finalize cleanly, then abort inside Open MPI's own
                 # teardown (ompi_dpm_dyn_finalize: "free(): invalid next
                 # size"). The job's work is complete.
                 self._say(f"rabit-run: every rank finalized cleanly, then a process died "
@@ -304,7 +301,7 @@ class Attempt:
                             if r.started and not r.ok)
         if outcome.code == 0 and (unfinished or stopped or fatal):
             if unfinished and not fatal and stopped is None:
-                # Seen with --with-ft ulfm: every rank SIGKILLed, yet mpirun exits 0.
+                # Under --with-ft ulfm mpirun can exit 0 with every rank SIGKILLed.
                 self._say(f"rabit-run: mpirun reported success but rank(s) "
                           f"{', '.join(map(str, unfinished))} ended without finalize "
                           f"(killed?); the job failed")
@@ -341,9 +338,8 @@ class Attempt:
 
     def _sweep_open_mpi_segments(self) -> None:
         """Open MPI shared-memory segments that the attempt's processes left
-        in /dev/shm despite the private folder (seen once in ten storm runs:
-        ``sm_segment.<host>...`` of a process of the job, made during the
-        attempt): this user's, made since the attempt began, mapped by no
+        in /dev/shm despite the private folder (``sm_segment.<host>...`` of a
+        process of the job, made during the attempt): this user's, made since the attempt began, mapped by no
         process. Another job's live segment is always mapped by its owner."""
         if not os.path.isdir("/dev/shm"):
             return
@@ -480,8 +476,8 @@ class _Watch:
 
     def _frozen(self, report: Report) -> bool:
         """Whether the rank's process (on this host) is stopped: its last
-        heartbeat may say ``user`` (seen under load: a rank stopped at the
-        start of a call before its heartbeat thread ran again), but it
+        heartbeat may say ``user`` (a rank stopped at the start of a call
+        before its heartbeat thread ran again), but it
         computes nothing, so the others waiting for it are a wedge."""
         beat = report.beat
         return beat is not None and beat[6] == self.attempt._host and is_stopped(beat[5])

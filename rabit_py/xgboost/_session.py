@@ -2,17 +2,16 @@
 ``RabitTracker``, every rank's ``CommunicatorContext`` and the matrices built
 inside it. A session lives until a failure or the end of training; after a
 failure every rank closes its session and opens a new one (Note [xgboost
-sessions] in ``rabit_py/xgboost.py``).
+sessions] in ``rabit_py/xgboost/__init__.py``).
 
 # Note [xgboost hang]
 XGBoost 3.2 can leave a worker waiting forever after a peer is lost: its
 communication thread (``collective::Loop``) records the peer's error and
 exits, and the caller, in ``Loop::Block``, waits on futures of operations
-still queued, which nobody will complete or destroy. Seen here once in about
-ten runs of ``scripts/bench_recovery.py --xgboost`` (rank 1 killed, 4 ranks):
-gdb showed the main thread in ``Loop::Block`` -> ``std::future::get`` and no
-``Loop::Process`` thread, while the other survivors timed out and waited in
-the repair for this rank, until the repair deadline ended the job. No Python
+still queued, which nobody will complete or destroy (the main thread in
+``Loop::Block`` -> ``std::future::get`` and no ``Loop::Process`` thread),
+while the other survivors time out and wait in the repair for this rank,
+until the repair deadline ends the job. No Python
 exception can reach a thread blocked in C, and the rank cannot be told apart
 from a slow one by its peers. So :class:`HangGuard` watches the threads that
 XGBoost's communicator started: if one of them ends while the rank is inside

@@ -94,9 +94,9 @@ def _hierarchy_outcomes(*flags):
 
 
 def test_a_leader_whose_step_was_revoked_gives_its_node_no_partial_sum():
-    # Seen across namespace hosts: a rank killed inside a hierarchical
-    # allreduce, and every rank's model then differed from the failure-free
-    # run's (the same wrong digest in 3 runs of 91). A leader whose leaders'
+    # A rank killed inside a hierarchical allreduce must not leave every
+    # rank's model different from the failure-free run's (docs/observed.md,
+    # the _shm communicators). A leader whose leaders'
     # step is revoked must not hand its group's own sum to its node as the
     # result. Without the reducer's revoke check its node peer takes the
     # partial sum as a success:

@@ -79,7 +79,7 @@ def test_a_job_across_namespace_hosts_gives_the_one_machine_bits(reference, scen
     out = record["output"]
     if scenario in ("kill-rank", "kill-twice"):
         # Recovered in the job; or, when Open MPI's repair across hosts hangs
-        # (seen in 1 of 3 runs: Shrink did not return), by a restart after
+        # (Shrink does not return), by a restart after
         # the collective timeout (30 s here).
         assert "replaced rank(s) [3]" in out or "restart 1 of 2" in out, out[-6000:]
     if scenario in ("kill-host", "freeze-host"):

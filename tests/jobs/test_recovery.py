@@ -356,8 +356,8 @@ rabit.finalize()
 
 
 def test_a_replacement_crashing_in_mpis_teardown_after_finalize_is_not_a_failure():
-    # Seen in CI: every rank finalized cleanly and printed its result, then a
-    # spawned replacement aborted inside MPI_Finalize and mpirun exited 134.
+    # Every rank finalizes cleanly and prints its result, then a spawned
+    # replacement aborts inside MPI_Finalize and mpirun exits 134.
     code, out = run(rabit_run(2, sys.executable, "-c", TEARDOWN_CRASH), timeout=90,
                     env={"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,1,0,0"})
     assert "DONE 0 36.0" in out and "DONE 1 36.0" in out, out[-4000:]

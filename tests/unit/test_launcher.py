@@ -183,8 +183,8 @@ def test_ctrl_c_reaps_the_whole_job(tmp_path):
 
 @pytest.mark.parametrize("finalized,expected", [(True, 0), (False, 1)])
 def test_lingering_mpirun_is_stopped(tmp_path, finalized, expected):
-    # A stand-in for an mpirun that stays after its ranks ended (seen with Open MPI
-    # after recoveries): its "ranks" are two short-lived children.
+    # A stand-in for an mpirun that stays after its ranks ended (Open MPI
+    # can, after recoveries): its "ranks" are two short-lived children.
     mark = 'touch "$RABIT_RUN_STATUS_DIR/rank-$1.ok"' if finalized else "true"
     fake = tmp_path / "mpirun"
     fake.write_text("#!/bin/sh\n"
@@ -215,7 +215,7 @@ def test_a_launch_that_never_started_is_tried_again(tmp_path, capsys):
 
 
 def test_mpirun_that_does_not_reap_its_ranks_is_stopped(tmp_path):
-    # Seen after an abort under ULFM: the ranks ended, mpirun hangs without
+    # After an abort under ULFM: the ranks ended, mpirun hangs without
     # reaping them, so they stay as zombies -- which are not running ranks.
     fake = tmp_path / "mpirun"
     fake.write_text("#!/bin/sh\n(sleep 0.5) &\n(sleep 0.5) &\nexec sleep 300\n")

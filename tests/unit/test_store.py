@@ -165,8 +165,8 @@ def test_no_loadable_version_is_an_error_not_a_fresh_start(tmp_path):
 
 
 def test_versions_never_finished_mean_a_fresh_start(tmp_path, caplog):
-    # Seen under load: rank 1 was killed while its writer was still behind,
-    # so neither version has its local file; version 2 lacks the manifest
+    # Rank 1 killed while its writer was still behind (under load): neither
+    # version has its local file; version 2 lacks the manifest
     # too (the leader's writer was behind as well).
     ranks = stores(tmp_path)
     save_versions(ranks, [1, 2])

@@ -104,8 +104,8 @@ def spawn_environment(environ: Dict[str, str], limit: int) -> str:
     """The ``PMIX_ENVAR`` value for a replacement: ``NAME=VALUE`` lines of the
     import path and the ``RABIT_*`` settings, most needed first, as many as
     fit in ``limit`` characters (an MPI info value: 255 in Open MPI; a value
-    longer than that made every spawn fail with MPI_ERR_INFO_VALUE, seen with
-    a long checkpoint path and a few settings)."""
+    longer than that makes every spawn fail with MPI_ERR_INFO_VALUE, which a
+    long checkpoint path and a few settings reach)."""
     names = [n for n in _SPAWN_ENV_FIRST if n in environ] + sorted(
         n for n in environ if n.startswith("RABIT_") and n not in _SPAWN_ENV_FIRST)
     lines: List[str] = []
@@ -121,10 +121,9 @@ def spawn_environment(environ: Dict[str, str], limit: int) -> str:
 # ~~~~~~~~~~~~~~~~~~~
 # The replacements of one repair are one MPI_Comm_spawn, so one PRRTE job.
 # `mpirun --with-ft ulfm` makes only the job it launches recoverable: when one
-# process of a spawned job died, PRRTE killed the others of that job (seen:
-# ranks 1 and 3 replaced together, the new rank 3 SIGKILLed, and the new
-# rank 1 was gone a second later, during the spawn of the next repair, which
-# then could not finish). No spawn info key carries PMIx's "recoverable"
+# process of a spawned job died, PRRTE killed the others of that job (ranks
+# replaced together: one of them killed took the others with it, and the
+# spawn of the next repair could not finish). No spawn info key carries PMIx's "recoverable"
 # (Open MPI 5's dpm.c passes a fixed list), so rabit-run sets PRRTE's default
 # for every job: `--prtemca state_base_recoverable 1`. A plain mpirun needs
 # the same option (README, "Fault tolerance").

@@ -250,7 +250,7 @@ class Recovery:
 
 def _duplicate_repaired(new: "MPI.Intracomm") -> Optional[Tuple[Any, Any]]:
     """The data and control communicators on a repaired one, or None if a
-    rank died meanwhile (seen: a raw MPI error from Dup). Creating them is
+    rank died meanwhile (``Dup`` then raises a raw MPI error). Creating them is
     collective and may succeed on some ranks only: the ranks agree
     (uniformly, even with new failures) whether it worked everywhere."""
     comms: Optional[Tuple[Any, Any]] = None

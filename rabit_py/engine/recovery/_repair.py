@@ -154,8 +154,8 @@ def join_as_replacement(timeout: float = 0.0
 
     Args:
         timeout: seconds joining may take (0: no limit). Joining blocks in
-            MPI (merge, split), where nothing can interrupt it: seen stuck for
-            good in ``PMIx_Get`` when a survivor died during the join. Past the
+            MPI (merge, split), where nothing can interrupt it: it can stay
+            in ``PMIx_Get`` for good when a survivor dies during the join. Past the
             timeout the process ends itself (SIGKILL), as after an error.
 
     Returns:
