@@ -249,7 +249,7 @@ def xgboost_comparison(args: argparse.Namespace) -> Dict[str, object]:
                 raise SystemExit(f"no round after the kill ({mode}):\n{out[-4000:]}")
             to_progress.append(after[0] - killed_at)
             lost.append(wall - walls[0])
-            # Note [xgboost hang] in rabit_py/_xgb_session.py: a survivor that
+            # Note [xgboost hang] in rabit_py/xgboost/_session.py: a survivor that
             # XGBoost left hanging ends itself 3 s later and is replaced too.
             hangs += "XGBoost's communication thread ended while" in out
         result[mode] = {"failure_free_wall": walls[0],

@@ -8,7 +8,9 @@ communication starts early; the others up to ``bucket_cap_mb``; a parameter
 larger than the cap gets a bucket of its own; a dtype change starts a new
 bucket). ``mark_ready`` copies a gradient into its bucket; when every gradient
 of a bucket is in, the bucket is handed to one communication thread, which
-runs ``rabit.allreduce`` on it while the caller keeps computing. Buckets are
+reduces it with the bucketer's communication hook (by default
+``allreduce_hook``: a sum, averaged if ``average``; or the one registered)
+while the caller keeps computing. Buckets are
 reduced strictly in bucket order, whatever order gradients arrive in, so every
 rank makes the same collective calls in the same order (which the engine's
 signature check and recovery rely on). ``wait`` zero-fills gradients that were
@@ -35,10 +37,8 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import api
 from .commthread import comm_thread
-from .comm_hooks import CommHook, GradBucket
-from ..ops import Op
+from .comm_hooks import CommHook, GradBucket, allreduce_hook, sum_hook
 
 __all__ = ["GradientBucketer", "plan_buckets"]
 
@@ -102,8 +102,10 @@ class GradientBucketer:
             shapes and dtypes are used.
         bucket_cap_mb: the largest bucket, MiB (default 25).
         first_bucket_mb: the first bucket reduced, MiB (default 1).
-        average: divide the sums by the world size (``wait`` does it;
-            with a communication hook, the hook decides instead).
+        average: divide the sums by the world size: the default hook is
+            ``allreduce_hook`` (a sum, then the division, bucket by bucket on
+            the communication thread), ``sum_hook`` without it; a registered
+            communication hook decides instead.
         executor: what runs the allreduces, shared with other bucketers: an
             object whose ``submit(fn, *args)`` returns a Future and runs tasks
             one at a time in submission order, such as a one-thread
@@ -149,7 +151,8 @@ class GradientBucketer:
         self._lock = threading.Lock()
         self._executor = executor if executor is not None else comm_thread()
         self._on_reduced = on_reduced
-        self._hook: Optional[Tuple[Any, CommHook]] = None
+        self._hook: Tuple[Any, CommHook] = (None, allreduce_hook if average else sum_hook)
+        self._hook_registered = False
         self._accumulating = False
         self._written: set = set()         # slots holding this step's data
         self._reset()
@@ -212,9 +215,10 @@ class GradientBucketer:
     def register_comm_hook(self, state: Any, hook: CommHook) -> None:
         """Reduce each bucket with ``hook(state, bucket)`` instead of an
         allreduce (as DDP's ``register_comm_hook``; hooks and their contract
-        in :mod:`rabit_py.comm_hooks`, e.g. ``fp16_compress_hook``). The hook
+        in :mod:`rabit_py.ddp.comm_hooks`, e.g. ``fp16_compress_hook``). The hook
         leaves the final gradients in the bucket, so ``average`` no longer
-        applies: the hook decides (the default, ``allreduce_hook``, averages).
+        applies: the hook decides (it replaces the default, ``allreduce_hook``,
+        which averages, or ``sum_hook`` with ``average=False``).
         Every rank must register the same hook.
 
         Raises:
@@ -224,35 +228,34 @@ class GradientBucketer:
         if not callable(hook):
             raise TypeError(f"hook must be callable as hook(state, bucket), got "
                             f"{type(hook).__name__}")
-        if self._hook is not None:
+        if self._hook_registered:
             raise RuntimeError("a communication hook is registered already (one per "
                                "bucketer, as in DDP)")
         if self._next or self._written:
             raise RuntimeError("register the communication hook before the first step")
         self._hook = (state, hook)
+        self._hook_registered = True
 
     def _reduce(self, bucket: int, ready: Any = None) -> None:
         if ready is not None:
             self._xp.cuda.get_current_stream().wait_event(ready)
         flat = self._flat[bucket]
-        if self._hook is None:
-            api.allreduce(flat, Op.SUM)
-        else:
-            state, hook = self._hook
-            result = hook(state, GradBucket(bucket, flat, tuple(self.buckets[bucket])))
-            if result is not None and result is not flat:
-                if tuple(result.shape) != tuple(flat.shape):
-                    raise ValueError(f"the communication hook returned shape "
-                                     f"{tuple(result.shape)} for bucket {bucket} of "
-                                     f"{flat.shape[0]} values")
-                flat[...] = result
+        state, hook = self._hook
+        result = hook(state, GradBucket(bucket, flat, tuple(self.buckets[bucket])))
+        if result is not None and result is not flat:
+            if tuple(result.shape) != tuple(flat.shape):
+                raise ValueError(f"the communication hook returned shape "
+                                 f"{tuple(result.shape)} for bucket {bucket} of "
+                                 f"{flat.shape[0]} values")
+            flat[...] = result
         if self._on_reduced is not None:
             self._on_reduced(bucket)
 
     def wait_for(self, index: int) -> np.ndarray:
         """Wait until the bucket of parameter ``index`` is reduced (and its
-        ``on_reduced`` ran); returns the parameter's summed gradient (a view,
-        not averaged). The step still ends with :meth:`wait`.
+        ``on_reduced`` ran); returns the parameter's reduced gradient, as the
+        hook left it (a view; averaged by the default hook when ``average``).
+        The step still ends with :meth:`wait`.
 
         Raises:
             RuntimeError: that bucket has not been started.
@@ -266,7 +269,7 @@ class GradientBucketer:
 
     def wait(self) -> List[np.ndarray]:
         """Finish the step: unmarked gradients count as zero, remaining buckets
-        are reduced, sums are averaged if asked. Returns the gradients in
+        are reduced (and averaged, if asked, by the default hook). Returns the gradients in
         parameter order, as views into the buckets (valid until the next
         ``mark_ready``). Under :meth:`no_sync`: the local sums, unreduced.
 
@@ -295,13 +298,6 @@ class GradientBucketer:
             self._reset()
             self._written = set()
             raise errors[0]
-        size = api.get_world_size()
-        if self.average and size > 1 and self._hook is None:
-            for flat in self._flat:
-                if flat.dtype.kind in "fc":
-                    flat /= size
-                else:
-                    flat //= size
         self._reset()
         self._written = set()           # the next step's gradients overwrite these
         return [self.view(i) for i in range(len(self._shapes))]

@@ -2,7 +2,7 @@
 PyTorch DDP (``torch.distributed.algorithms.ddp_comm_hooks``).
 
 A hook decides how one bucket of gradients is reduced. It is registered with
-:meth:`rabit_py.bucket.GradientBucketer.register_comm_hook` (or
+:meth:`rabit_py.ddp.bucket.GradientBucketer.register_comm_hook` (or
 :meth:`rabit_py.torch.DistributedModule.register_comm_hook`) as
 ``hook(state, bucket)``; it runs on the engine's communication thread, makes
 rabit_py collectives (the same ones, in the same order, on every rank), and
@@ -26,7 +26,7 @@ import numpy as np
 from .. import api
 from ..ops import Op
 
-__all__ = ["GradBucket", "CommHook", "allreduce_hook", "fp16_compress_hook"]
+__all__ = ["GradBucket", "CommHook", "allreduce_hook", "sum_hook", "fp16_compress_hook"]
 
 
 class GradBucket:
@@ -68,12 +68,20 @@ def _average(flat: Any, size: int) -> None:
 
 
 def allreduce_hook(state: Any, bucket: GradBucket) -> Any:
-    """The default: an allreduce (sum) of the bucket, divided by the world size."""
-    flat = bucket.buffer()
-    api.allreduce(flat, Op.SUM)
+    """The default: an allreduce (sum) of the bucket, divided by the world
+    size (integer buckets: floor division)."""
+    flat = sum_hook(state, bucket)
     size = api.get_world_size()
     if size > 1:
         _average(flat, size)
+    return flat
+
+
+def sum_hook(state: Any, bucket: GradBucket) -> Any:
+    """An allreduce (sum) of the bucket, not averaged: the bucketer's default
+    with ``average=False`` (the KVStore's, whose optimizer rescales)."""
+    flat = bucket.buffer()
+    api.allreduce(flat, Op.SUM)
     return flat
 
 

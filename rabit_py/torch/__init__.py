@@ -14,7 +14,7 @@ Each parameter that requires a gradient gets a post-accumulate-grad hook that
 hands its gradient to the bucketer without a copy: a NumPy view of a CPU
 tensor, a CuPy view (DLPack) of a CUDA tensor. The bucketer reduces full
 buckets on its communication thread while autograd computes the rest (Note
-[buckets] in ``rabit_py/bucket.py``); CUDA buckets live on the parameters'
+[buckets] in ``rabit_py/ddp/bucket.py``); CUDA buckets live on the parameters'
 device and go through rabit_py's device path (NCCL where chosen, Note [device
 arrays] in ``rabit_py/gpu``). :meth:`DistributedModule.synchronize` waits for
 the last buckets and makes each ``param.grad`` a view of its reduced bucket
@@ -158,7 +158,7 @@ class DistributedModule(torch.nn.Module):
     def register_comm_hook(self, state: Any, hook: Any) -> None:
         """Reduce each gradient bucket with ``hook(state, bucket)`` (as DDP's
         ``register_comm_hook``; the hook sees the bucket as a CuPy or NumPy
-        array, see :mod:`rabit_py.comm_hooks`, e.g. ``fp16_compress_hook``).
+        array, see :mod:`rabit_py.ddp.comm_hooks`, e.g. ``fp16_compress_hook``).
 
         Raises:
             RuntimeError: a hook is registered already, or a step has started.

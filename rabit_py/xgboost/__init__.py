@@ -25,7 +25,7 @@ A session is rank 0's ``RabitTracker`` plus every rank's
 ``CommunicatorContext`` and matrices; it lasts until a failure. Rabit's rule
 -- a replacement makes the same rabit_py calls as the survivors did since the
 checkpoint, and gets their results from the survivors' cache -- shapes each
-attempt at an interval (Note [xgboost intervals] in ``_xgb_rounds.py``):
+attempt at an interval (Note [xgboost intervals] in ``_rounds.py``):
 
   A. allreduce: how many ranks hold a session (and each rank's host);
   B. (A short of every rank) broadcast of a new tracker's address from rank 0;

@@ -93,7 +93,7 @@ def assert_same_model(out, results, ref, replaced):
     assert shas == {ref[0]["sha"]}, f"booster bytes differ from the failure-free run\n" \
                                     f"{out[-6000:]}"
     # A survivor left hanging inside XGBoost ends itself and is replaced too
-    # (Note [xgboost hang] in rabit_py/_xgb_session.py), saying so.
+    # (Note [xgboost hang] in rabit_py/xgboost/_session.py), saying so.
     hung = {int(m) for m in re.findall(r"rabit_py: rank (\d+): XGBoost's communication "
                                        r"thread ended while", out)}
     for rank, r in results.items():

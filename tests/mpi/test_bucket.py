@@ -82,6 +82,41 @@ def test_average_and_unused_parameters(session):
         bucketer.close()
 
 
+@pytest.mark.parametrize("average", [True, False])
+def test_the_default_hook_reduces_each_bucket_as_asked(session, average):
+    # The default hook (allreduce_hook, or sum_hook without averaging) runs
+    # per bucket on the communication thread: on_reduced and wait_for see the
+    # bucket's final values, the ones wait() returns.
+    from rabit_py.ddp.comm_hooks import allreduce_hook, sum_hook
+
+    seen = {}
+    holder = {}
+
+    def on_reduced(bucket):
+        b = holder["bucketer"]
+        seen[bucket] = [b.view(i).copy() for i in b.buckets[bucket]]
+
+    bucketer = GradientBucketer(params(), bucket_cap_mb=0.01, first_bucket_mb=0.001,
+                                average=average, on_reduced=on_reduced)
+    holder["bucketer"] = bucketer
+    assert bucketer._hook[1] is (allreduce_hook if average else sum_hook)
+    try:
+        expected = [e / SIZE if average else e for e in reference(9)]
+        mine = grads(RANK, 9)
+        for i in reversed(range(len(SHAPES))):
+            bucketer.mark_ready(i, mine[i])
+        early = bucketer.wait_for(len(SHAPES) - 1).copy()
+        assert early.tobytes() == expected[-1].tobytes()
+        got = bucketer.wait()
+        for g, e in zip(got, expected):
+            assert g.tobytes() == e.tobytes()
+        for b, members in enumerate(bucketer.buckets):
+            for value, i in zip(seen[b], members):
+                assert value.tobytes() == expected[i].tobytes()
+    finally:
+        bucketer.close()
+
+
 def test_no_sync_accumulates_then_reduces_the_sum(session):
     bucketer = GradientBucketer(params(np.int64), bucket_cap_mb=0.01, first_bucket_mb=0.001,
                                 average=False)
