@@ -47,19 +47,18 @@ from __future__ import annotations
 import logging
 import pickle
 import struct
-from typing import Any, List, Optional
+from typing import Any, List
 
 import numpy as np
 from crc32c import crc32c
 
-from ._mpistart import MPI
+from ._mpistart import ERR_REVOKED, MPI
 
 __all__ = ["InterruptedExchange", "seal", "unseal", "allgather", "bcast", "reduce_int",
            "send", "recv", "sendrecv", "stamp", "stamp_parts", "ERR_REVOKED"]
 
 log = logging.getLogger("rabit_py")
 
-ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
 _MAGIC = b"RBTm"
 # magic, purpose code, body length, CRC-32C of the body
 _HEADER = struct.Struct("<4sIQI")

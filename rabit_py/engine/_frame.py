@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from ._mpistart import MPI
+from ._mpistart import ERR_PROC_FAILED, ERR_REVOKED, MPI
 
 from .._status import ABORT, RESTART, Reporter
 from ..config import Config
@@ -46,10 +46,7 @@ from ._signature import (N_FIELDS, Call, Kind, agrees, call_signature, call_valu
 from ._watchdog import (FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, Position, Watchdog, announce,
                         exchange_positions, find_notice, timeout_message)
 
-__all__ = ["CallFrame", "ERR_PROC_FAILED", "ERR_REVOKED"]
-
-ERR_PROC_FAILED = getattr(MPI, "ERR_PROC_FAILED", 75)
-ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
+__all__ = ["CallFrame"]
 
 
 class CallFrame:

@@ -43,6 +43,7 @@ then say "its error is above" and nothing would be).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -55,7 +56,7 @@ from ..errors import CollectiveTimeoutError, RabitError
 __all__ = ["install_excepthook", "end_job_on_uncaught", "abort_job", "abort_init",
            "is_restartable", "is_secondary", "is_every_rank", "mark_every_rank",
            "user_traceback", "cause_text", "print_once", "raised_by_rabit_py",
-           "SECONDARY_GRACE_S"]
+           "SECONDARY_GRACE_S", "kill_self"]
 
 SECONDARY_GRACE_S = 5.0     # an uncaught secondary error waits this long for the cause
 
@@ -291,6 +292,16 @@ def abort_init(comm: Any, reporter: Reporter, rank: int, timeout: float) -> None
     sys.stderr.flush()
     reporter.fatal(RESTART, message)
     abort_job(comm, reporter)
+
+
+def kill_self(message: str) -> None:
+    """Say ``message`` on stderr, then end this process with SIGKILL: the
+    others see a lost rank, which the robust engine replaces (no exit
+    handler runs, no MPI call is made: either could block here)."""
+    sys.stdout.flush()
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def abort_job(comm: Any, reporter: Optional[Reporter], code: int = 1,

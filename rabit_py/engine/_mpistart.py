@@ -11,7 +11,7 @@ import sys
 import tempfile
 from typing import Iterator
 
-__all__ = ["MPI", "singleton_without_libfabric"]
+__all__ = ["MPI", "singleton_without_libfabric", "ERR_PROC_FAILED", "ERR_REVOKED"]
 
 _LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
 
@@ -59,3 +59,7 @@ def singleton_without_libfabric() -> Iterator[None]:
 
 with singleton_without_libfabric():
     from mpi4py import MPI  # noqa: E402 - MPI starts here (mpi4py initializes it on import)
+
+# ULFM's error classes (an MPI without ULFM lacks the names; Open MPI's values).
+ERR_PROC_FAILED = getattr(MPI, "ERR_PROC_FAILED", 75)
+ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)

@@ -10,7 +10,7 @@ from typing import Any, Callable, List, Optional
 
 import numpy as np
 
-from ._mpistart import MPI
+from ._mpistart import ERR_REVOKED, MPI
 
 from ..config import Config
 from ..ops import OPS, CustomOp, OpLike
@@ -18,11 +18,10 @@ from . import _control as control
 from ._shm import SUPPORTED as SHM_SUPPORTED
 from ._shm import NodeReducer, host_groups
 
-__all__ = ["HostReduce", "ERR_REVOKED"]
+__all__ = ["HostReduce"]
 
 log = logging.getLogger("rabit_py")
 
-ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
 _MPI_OPS = {code: getattr(MPI, info.mpi) for code, info in OPS.items()}
 # MPI defines only logical operators on C_BOOL (SUM/PROD on bool are refused).
 _BOOL_OPS = {code: getattr(MPI, info.mpi_bool) for code, info in OPS.items() if info.mpi_bool}

@@ -83,7 +83,7 @@ import numpy as np
 from mpi4py.util.dtlib import from_numpy_dtype
 
 from .._status import process_alive
-from ._mpistart import MPI
+from ._mpistart import ERR_PROC_FAILED, ERR_REVOKED, MPI
 from . import _control as control
 
 __all__ = ["NodeReducer", "SUPPORTED", "host_groups"]
@@ -97,8 +97,6 @@ _CHECK_EVERY_S = 0.005
 SUPPORTED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 _SEGMENT_IDS = itertools.count()
 
-ERR_PROC_FAILED = getattr(MPI, "ERR_PROC_FAILED", 75)
-ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
 
 # Op code -> the NumPy ufunc that reduces two arrays (ops.Op values).
 

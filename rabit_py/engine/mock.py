@@ -19,13 +19,11 @@ looks like.
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
 import time
 from typing import Any, Optional
 
 from ..ops import OpLike
+from ._lifecycle import kill_self
 from ._mockplan import matches, parse_plan
 from .base import PrepareFn
 from .robust import RobustEngine
@@ -48,9 +46,6 @@ class MockEngine(RobustEngine):
     def _before_call(self, seqno: int) -> None:
         trial = self.trial + self.config.restart_count
         if matches(self._plan, self.frame.rank, self.frame.version, seqno, trial):
-            sys.stdout.flush()
-            sys.stderr.write(f"rabit_py mock: rank {self.frame.rank} killed at version "
-                             f"{self.frame.version}, seqno {seqno}, trial {trial} "
-                             f"(time {time.time():.6f})\n")
-            sys.stderr.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
+            kill_self(f"rabit_py mock: rank {self.frame.rank} killed at version "
+                      f"{self.frame.version}, seqno {seqno}, trial {trial} "
+                      f"(time {time.time():.6f})")

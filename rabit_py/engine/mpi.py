@@ -40,7 +40,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from ._mpistart import MPI
+from ._mpistart import ERR_PROC_FAILED, MPI
 
 from crc32c import crc32c
 from mpi4py.util.dtlib import from_numpy_dtype
@@ -54,7 +54,7 @@ from ._broadcast import OBJECT as PICKLED
 from ._broadcast import (ARRAY, CHECK, DEVICE, ERROR, HEADER_LEN, STAMP, array_header,
                          broadcast_array, broadcast_device_array, root_header)
 from ._checkpoint import serialize
-from ._frame import ERR_PROC_FAILED, CallFrame
+from ._frame import CallFrame
 from ._lifecycle import abort_init, install_excepthook, mark_every_rank
 from ._reduce import HostReduce
 from ._signature import OBJECT, Call, Kind

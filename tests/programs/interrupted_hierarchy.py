@@ -22,9 +22,7 @@ import sys
 import numpy as np
 
 from rabit_py.engine import _shm
-from rabit_py.engine._mpistart import MPI
-
-ERR_REVOKED = getattr(MPI, "ERR_REVOKED", 77)
+from rabit_py.engine._mpistart import ERR_REVOKED, MPI
 
 
 def main() -> int:

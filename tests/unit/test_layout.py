@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Set
 
 PACKAGE = Path(__file__).resolve().parents[2] / "rabit_py"
 

@@ -28,9 +28,6 @@ survivors see a dead rank and replace it again instead of waiting.
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import sys
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -38,6 +35,7 @@ from .._mpistart import MPI
 
 from ...errors import RecoveryError
 from .. import _control as control
+from .._lifecycle import kill_self
 from ._join import JoinState, RepairTimes, Replacer, free_comm, spawn_command, spawn_info
 from ._spares import join_pool_as_spawned
 
@@ -172,10 +170,8 @@ def join_as_replacement(timeout: float = 0.0
 
 
 def _end_replacement(why: str) -> None:
-    sys.stderr.write(f"rabit_py: a replacement could not join the job ({why}); ending it so "
-                     f"that the survivors replace it again\n")
-    sys.stderr.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
+    kill_self(f"rabit_py: a replacement could not join the job ({why}); ending it so "
+              f"that the survivors replace it again")
 
 
 def _join() -> Tuple[Optional["MPI.Intracomm"], int, JoinState, Any]:
