@@ -57,9 +57,18 @@ def run_killing(args, kills, env=None, timeout=180, hog=False, launcher=()):
                 ranks = pending.pop(0)[1]
                 # A tuple of ranks: killed together (a burst), not at two cues
                 # that may come after the repair for the first one started.
-                for rank in ranks if isinstance(ranks, tuple) else (ranks,):
-                    os.kill(pids[rank], signal.SIGKILL)
-                    lines.append(f"TEST killed pid {pids[rank]}\n")
+                # Every one is stopped before any is killed: two kills in a
+                # row can be far apart when this process is descheduled
+                # between them (load), and a rank that dies while the
+                # survivors already spawn for the others wedges the spawn
+                # (Note [stuck spawn]); a stopped rank holds their repair
+                # until it is dead too.
+                targets = [pids[r] for r in (ranks if isinstance(ranks, tuple) else (ranks,))]
+                for pid in targets:
+                    os.kill(pid, signal.SIGSTOP)
+                for pid in targets:
+                    os.kill(pid, signal.SIGKILL)
+                lines.extend(f"TEST killed pid {pid}\n" for pid in targets)
             if time.monotonic() > deadline:
                 raise AssertionError("timed out:\n" + "".join(lines[-200:]))
         proc.wait(timeout=30)
