@@ -64,11 +64,12 @@ from ._mpistart import MPI
 from ..config import Config
 from ..errors import (CheckpointError, CollectiveMismatchError, PeerFailure, RabitError,
                       RecoveryError)
-from ..ops import OpLike, op_code
+from ..ops import OpLike
 from . import _control as control
 from ._checkpoint import deserialize, serialize
 from ._lifecycle import raised_by_rabit_py
-from ._signature import Kind, shown
+from ._signature import (Call, Kind, allgather_call, allreduce_call, replay_key, same_call,
+                         shown)
 from ._validate import check_allreduce
 from ._versions import NO_LAZY
 from .base import CheckpointResult, DeviceTransports, EngineInfo, PrepareFn
@@ -176,20 +177,21 @@ class RobustEngine(MpiEngine):
         error = check_allreduce(data, op)
         key = (self._epoch, self.frame.seqno)
         if error is not None:
-            return self._allreduce_call(key, (), data, op, prepare_fun, error)
-        # The dtype itself: its .str costs 0.3 us of the hot path.
-        signature = (Kind.ALLREDUCE, op_code(op), data.dtype, data.shape)
+            return self._allreduce_call(key, None, data, op, prepare_fun, error)
+        # allreduce_call, inlined (the hot path): the frame's check and the
+        # result cache share it.
+        call = (op, data.dtype, data.shape, None)
         # The common case without the closures of _call (the hot path); a
         # lost peer is recovered by _until_done, and the step goes on by rounds.
-        return self._until_done(self._allreduce_step, key, signature, data, op, prepare_fun)
+        return self._until_done(self._allreduce_step, key, call, data, op, prepare_fun)
 
-    def _allreduce_step(self, key: Key, signature: tuple, data: np.ndarray, op: OpLike,
+    def _allreduce_step(self, key: Key, call: Call, data: np.ndarray, op: OpLike,
                         prepare_fun: Optional[PrepareFn]) -> np.ndarray:
         if self._recovering:
-            return self._allreduce_call(key, signature, data, op, prepare_fun, None)
-        return self._execute_allreduce(key, signature, data, op, prepare_fun)
+            return self._allreduce_call(key, call, data, op, prepare_fun, None)
+        return self._execute_allreduce(key, call, data, op, prepare_fun)
 
-    def _allreduce_call(self, key: Key, signature: tuple, data: np.ndarray, op: OpLike,
+    def _allreduce_call(self, key: Key, call: Optional[Call], data: np.ndarray, op: OpLike,
                         prepare_fun: Optional[PrepareFn], error: Optional[BaseException]
                         ) -> np.ndarray:
         """An allreduce by :meth:`_call`: refused, or by recovery rounds."""
@@ -197,15 +199,15 @@ class RobustEngine(MpiEngine):
             self.frame.number_from(key[1])
             if error is not None:
                 MpiEngine.framed_allreduce(self, data, op, prepare_fun, error)
-            return self._execute_allreduce(key, signature, data, op, prepare_fun)
+            return self._execute_allreduce(key, call, data, op, prepare_fun)
 
         def serve(entry: Entry) -> np.ndarray:
             np.copyto(data, entry.payload)
             return data
 
-        return self._call(Kind.ALLREDUCE, key, signature, execute, serve, error)
+        return self._call(Kind.ALLREDUCE, key, call, execute, serve, error)
 
-    def _execute_allreduce(self, key: Key, signature: tuple, data: np.ndarray, op: OpLike,
+    def _execute_allreduce(self, key: Key, call: Call, data: np.ndarray, op: OpLike,
                            prepare_fun: Optional[PrepareFn]) -> np.ndarray:
         """Run the allreduce of ``key`` and keep its result. Reduced out of
         place into the buffer the cache keeps: an MPI call that fails half-way
@@ -214,10 +216,10 @@ class RobustEngine(MpiEngine):
         number is ``key``'s."""
         cache = self._cache
         out = cache.buffer_like(data)
-        self.framed_allreduce(data, op, prepare_fun, None, out)
+        self.framed_allreduce(data, op, prepare_fun, None, out, call)
         self.frame.check_revoked()
         np.copyto(data, out)
-        cache.put_owned(key, Kind.ALLREDUCE, signature, out)
+        cache.put_owned(key, Kind.ALLREDUCE, call, out)
         self._thin(key)
         return data
 
@@ -229,14 +231,13 @@ class RobustEngine(MpiEngine):
         ``result()`` (a host array) is kept for replay; a replacement's call is
         served by ``load(payload)`` instead. Returns ``data``."""
         key = self._next_key()
-        signature = (() if error else
-                     (Kind.ALLREDUCE, op_code(op), np.dtype(data.dtype), tuple(data.shape)))
+        call = None if error else allreduce_call(op, data)
 
         def execute() -> Any:
             self.frame.number_from(key[1])
             run()
             self.frame.check_revoked()
-            self._cache.put_array(key, Kind.ALLREDUCE, signature, result(), device)
+            self._cache.put_array(key, Kind.ALLREDUCE, call, result(), device)
             self._thin(key)
             return data
 
@@ -244,11 +245,11 @@ class RobustEngine(MpiEngine):
             load(entry.payload)
             return data
 
-        return self._call(Kind.ALLREDUCE, key, signature, execute, serve, error)
+        return self._call(Kind.ALLREDUCE, key, call, execute, serve, error)
 
     def broadcast(self, data: Any, root: int = 0) -> Any:
         key = self._next_key()
-        signature = (Kind.BROADCAST, root)
+        call = self.broadcast_call(data, root)
 
         def execute() -> Any:
             self.frame.number_from(key[1])
@@ -259,11 +260,11 @@ class RobustEngine(MpiEngine):
                 # passed a NumPy array got one already).
                 transport = self.device_transport()
                 host = transport.to_host(result) if transport.carries(result) else result
-                self._cache.put_array(key, Kind.BROADCAST, signature, host, device=True)
+                self._cache.put_array(key, Kind.BROADCAST, call, host, device=True)
             elif isinstance(result, np.ndarray) and carried.pickled is None:
-                self._cache.put_array(key, Kind.BROADCAST, signature, result)
+                self._cache.put_array(key, Kind.BROADCAST, call, result)
             else:
-                self._cache.put_bytes(key, Kind.BROADCAST, signature, carried.pickled or b"")
+                self._cache.put_bytes(key, Kind.BROADCAST, call, carried.pickled or b"")
             self._thin(key)
             return result
 
@@ -283,11 +284,12 @@ class RobustEngine(MpiEngine):
                 return transport.upload(payload)
             return payload.copy()
 
-        return self._call(Kind.BROADCAST, key, signature, execute, serve, None)
+        return self._call(Kind.BROADCAST, key, call, execute, serve, None)
 
     def allgather(self, data: np.ndarray) -> np.ndarray:
         return self._numbered_allgather(lambda: super(RobustEngine, self).allgather(data),
-                                        lambda result: result, lambda payload: payload.copy())
+                                        lambda result: result, lambda payload: payload.copy(),
+                                        allgather_call(data))
 
     def device_allgather(self, data: Any) -> Any:
         """As :meth:`allgather`, for a device array on the device transport:
@@ -296,25 +298,25 @@ class RobustEngine(MpiEngine):
         transport = self.device_transport()
         return self._numbered_allgather(
             lambda: super(RobustEngine, self).device_allgather(data), transport.to_host,
-            transport.upload, device=True)
+            transport.upload, allgather_call(data), device=True)
 
     def _numbered_allgather(self, gather: Callable[[], Any], to_host: Callable[[Any], np.ndarray],
-                            load: Callable[[np.ndarray], Any], device: bool = False) -> Any:
-        """The robust frame of an allgather: numbered; ``gather()`` executes
-        it and ``to_host(result)`` is kept for replay; a replacement's call
-        gets ``load(payload)`` instead."""
+                            load: Callable[[np.ndarray], Any], call: Optional[Call],
+                            device: bool = False) -> Any:
+        """The robust frame of an allgather described by ``call``: numbered;
+        ``gather()`` executes it and ``to_host(result)`` is kept for replay; a
+        replacement's call gets ``load(payload)`` instead."""
         key = self._next_key()
-        signature = (Kind.ALLGATHER,)
 
         def execute() -> Any:
             self.frame.number_from(key[1])
             result = gather()
             self.frame.check_revoked()
-            self._cache.put_array(key, Kind.ALLGATHER, signature, to_host(result), device)
+            self._cache.put_array(key, Kind.ALLGATHER, call, to_host(result), device)
             self._thin(key)
             return result
 
-        return self._call(Kind.ALLGATHER, key, signature, execute,
+        return self._call(Kind.ALLGATHER, key, call, execute,
                           lambda entry: load(entry.payload), None)
 
     def _thin(self, key: Key) -> None:
@@ -455,9 +457,11 @@ class RobustEngine(MpiEngine):
             self.frame.number_from(0)
             self._cache.drop_epochs_before(self.frame.version)
 
-    def _call(self, kind: int, key: Key, signature: tuple, execute: Callable[[], Any],
+    def _call(self, kind: int, key: Key, call: Optional[Call], execute: Callable[[], Any],
               serve: Optional[Callable[[Entry], Any]], error: Optional[BaseException]) -> Any:
-        """Run one call: normally, or by rounds while recovering."""
+        """Run one call (described by ``call``): normally, or by rounds while
+        recovering, where a result served by the survivors must be of the
+        same call (Note [signature check])."""
 
         def step() -> Any:
             if self._recovering:
@@ -468,14 +472,13 @@ class RobustEngine(MpiEngine):
                     return _AGAIN
                 if outcome == _SERVED:
                     self.frame.number_from(key[1] + 1)
-                    if entry.signature != signature:
+                    signature = replay_key(kind, call)
+                    if not same_call(entry.signature, signature):
                         raise CollectiveMismatchError(
                             f"rank {self.frame.rank}: after recovery, call #{key[1]} of version "
-                            f"{self.frame.version} is {Kind.NAMES.get(kind)} "
-                            f"{shown(signature)} but the other ranks ran "
-                            f"{Kind.NAMES.get(entry.kind)} {shown(entry.signature)}: the "
-                            f"program must make the same calls on "
-                            f"every run")
+                            f"{self.frame.version} is {shown(signature)} but the other ranks ran "
+                            f"{shown(entry.signature)}: the program must make the same calls "
+                            f"on every run")
                     self._cache.put_entry(key, entry)
                     return serve(entry) if serve is not None else None
                 self._recovering = False        # _EXECUTE: everyone is at this call
@@ -540,7 +543,7 @@ class RobustEngine(MpiEngine):
         holder = control.reduce_int(comm, self.frame.rank if wanted in self._cache else -1,
                                     MPI.MAX)
         if holder >= 0:
-            entry = control.bcast(comm, self._cache.get(wanted) if self.frame.rank == holder
+            entry = control.bcast(comm, self._replayable(wanted) if self.frame.rank == holder
                                   else None, holder, "round.result")
             return (_SERVED, entry) if code == min_code else (_WAIT, None)
         if max_code != min_code:
@@ -554,6 +557,12 @@ class RobustEngine(MpiEngine):
             self.frame.adopt_version(0)
             self._has_version = True
         return _EXECUTE, None
+
+    def _replayable(self, key: Key) -> Entry:
+        """The cached result of ``key`` as it is sent to a replacement: its
+        call described by :func:`replay_key` (codes, picklable)."""
+        entry = self._cache.get(key)
+        return entry._replace(signature=replay_key(entry.kind, entry.signature))
 
     def _serve_checkpoint(self, requesting: bool, version: int) -> None:
         """Round step 2: give the requesters the committed checkpoint."""
