@@ -124,28 +124,31 @@ def allgather_call(data: Any) -> Optional[Call]:
     return (None, data.dtype, (-1,) + tuple(shape[1:]), None)
 
 
-def replay_key(kind: int, call: Optional[Call]) -> tuple:
+def replay_key(call: Optional[Call]) -> Optional[Call]:
     """A call's description as the robust engine's result cache sends it to a
-    replacement: ``(kind, op code, dtype, shape, root)``, picklable (op codes,
-    not op objects: a custom op's function need not pickle, and the
-    replacement's own op object is another one). Idempotent."""
+    replacement: picklable (an op's code, not the op object: a custom op's
+    function need not pickle, and the replacement's own op object is another
+    one). Idempotent."""
     if call is None:
-        return (kind, None, None, None, None)
+        return None
     op, dtype, shape, root = call
-    return (kind, None if op is None else op_code(op), dtype,
+    return (None if op is None else op_code(op), dtype,
             None if shape is None else tuple(shape), root)
 
 
-def same_call(a: tuple, b: tuple) -> bool:
-    """Whether two :func:`replay_key` descriptions are of the same call: the
-    same kind, and every other field equal where both ranks described it."""
-    return a[0] == b[0] and all(x is None or y is None or x == y for x, y in zip(a[1:], b[1:]))
+def same_call(a: Optional[Call], b: Optional[Call]) -> bool:
+    """Whether two :func:`replay_key` descriptions (of calls of one kind) can
+    be of the same call: every field equal where both ranks described it
+    (None: nothing described)."""
+    if a is None or b is None:
+        return True
+    return all(x is None or y is None or x == y for x, y in zip(a, b))
 
 
-def shown(signature: tuple) -> str:
+def shown(kind: int, call: Optional[Call]) -> str:
     """A :func:`replay_key` description for a message: ``broadcast (dtype
     float64, shape (4,), root 0)``; fields described as "any" are left out."""
-    kind, op, dtype, shape, root = signature
+    op, dtype, shape, root = call if call is not None else (None, None, None, None)
     parts = []
     if op is not None:
         parts.append(f"op {op_name(op) if op < 1000 else f'custom op #{op}'}")

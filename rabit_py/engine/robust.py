@@ -472,13 +472,13 @@ class RobustEngine(MpiEngine):
                     return _AGAIN
                 if outcome == _SERVED:
                     self.frame.number_from(key[1] + 1)
-                    signature = replay_key(kind, call)
-                    if not same_call(entry.signature, signature):
+                    mine = replay_key(call)
+                    if entry.kind != kind or not same_call(entry.signature, mine):
                         raise CollectiveMismatchError(
                             f"rank {self.frame.rank}: after recovery, call #{key[1]} of version "
-                            f"{self.frame.version} is {shown(signature)} but the other ranks ran "
-                            f"{shown(entry.signature)}: the program must make the same calls "
-                            f"on every run")
+                            f"{self.frame.version} is {shown(kind, mine)} but the other ranks "
+                            f"ran {shown(entry.kind, entry.signature)}: the program must make "
+                            f"the same calls on every run")
                     self._cache.put_entry(key, entry)
                     return serve(entry) if serve is not None else None
                 self._recovering = False        # _EXECUTE: everyone is at this call
@@ -562,7 +562,7 @@ class RobustEngine(MpiEngine):
         """The cached result of ``key`` as it is sent to a replacement: its
         call described by :func:`replay_key` (codes, picklable)."""
         entry = self._cache.get(key)
-        return entry._replace(signature=replay_key(entry.kind, entry.signature))
+        return entry._replace(signature=replay_key(entry.signature))
 
     def _serve_checkpoint(self, requesting: bool, version: int) -> None:
         """Round step 2: give the requesters the committed checkpoint."""
