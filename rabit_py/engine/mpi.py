@@ -349,9 +349,9 @@ class MpiEngine(Engine, Transport):
         ``call``: the call's description, if the caller made it already
         (:func:`allreduce_call`). Returns where the result is."""
         frame = self.frame
-        if frame.check and error is None and call is None:
+        if call is None and error is None and frame.check:
             call = (op, data.dtype, data.shape, None)       # allreduce_call, inlined
-        frame.enter(Kind.ALLREDUCE, error, True, call if error is None else None)
+        frame.enter(Kind.ALLREDUCE, error, True, call)
         try:
             if prepare_fun is not None:
                 prepare_fun(data)

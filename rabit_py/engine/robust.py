@@ -88,6 +88,12 @@ _NO_VERSION = int(np.iinfo(np.int64).min)
 _SERVED, _WAIT, _EXECUTE = "served", "wait", "execute"
 
 
+def _serve_array(entry: Entry, data: np.ndarray, *_: Any) -> np.ndarray:
+    """A served allreduce result, copied into the caller's array."""
+    np.copyto(data, entry.payload)
+    return data
+
+
 class RobustEngine(MpiEngine):
     """The public API with in-job recovery (see Note [robust protocol]).
 
@@ -188,9 +194,10 @@ class RobustEngine(MpiEngine):
     # its Call, run by execute(key, call, *args) -- which keeps its result for
     # replay -- or, while the job recovers, by rounds of the recovery protocol
     # that end in serve(entry, *args) (the survivors' result, checked against
-    # the call) or in execute. execute and serve are methods, not closures,
-    # so that the common case (not recovering) costs one method call more
-    # than the call itself: the allreduce's hot path.
+    # the call) or in execute. execute and serve are methods, not closures.
+    # The allreduce (the hot path) runs _step's first branch itself: when
+    # the job is not recovering it executes at once, and a lost peer met
+    # there is recovered (as _until_done does) before _call takes over.
     def allreduce(self, data: np.ndarray, op: OpLike,
                   prepare_fun: Optional[PrepareFn] = None) -> np.ndarray:
         error = check_allreduce(data, op)
@@ -201,8 +208,14 @@ class RobustEngine(MpiEngine):
         # allreduce_call, inlined (the hot path): the frame's check and the
         # result cache share it.
         call = (op, data.dtype, data.shape, None)
-        return self._call(Kind.ALLREDUCE, key, call, self._execute_allreduce, self._serve_array,
-                          None, data, op, prepare_fun)
+        if not self._recovering:
+            # The first branch of _step, inlined: the hot path (Note [robust call]).
+            try:
+                return self._execute_allreduce(key, call, data, op, prepare_fun)
+            except PeerFailure:
+                self._recover()
+        return self._call(Kind.ALLREDUCE, key, call, self._execute_allreduce, _serve_array, None,
+                          data, op, prepare_fun)
 
     def _execute_allreduce(self, key: Key, call: Call, data: np.ndarray, op: OpLike,
                            prepare_fun: Optional[PrepareFn]) -> np.ndarray:
@@ -225,11 +238,6 @@ class RobustEngine(MpiEngine):
         """An allreduce whose input this rank refused: the others learn it in
         the signature check, and every rank raises."""
         MpiEngine.framed_allreduce(self, data, op, prepare_fun, error)
-
-    @staticmethod
-    def _serve_array(entry: Entry, data: np.ndarray, *_: Any) -> np.ndarray:
-        np.copyto(data, entry.payload)
-        return data
 
     def broadcast(self, data: Any, root: int = 0) -> Any:
         key = self._next_key()
