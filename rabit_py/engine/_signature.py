@@ -10,6 +10,13 @@ receiver that passed ``None`` has no dtype) are wildcards that take no part.
 Only on a mismatch (the rare, slow path) do ranks ``allgather`` full
 descriptions to name who differed and how.
 
+A call is described once, as a :data:`Call` (``allreduce_call``,
+``allgather_call``, the engine's ``broadcast_call``): the same description
+feeds this check and the robust engine's replay check, which compares a
+replacement's call with the one whose result the survivors kept
+(:func:`replay_key`, :func:`same_call`; ``None`` fields match anything, as
+here).
+
 The check itself is always the same collective, whatever call each rank is
 making, so it cannot deadlock on a kind mismatch.
 """
@@ -25,7 +32,8 @@ from ..ops import dtype_code, op_code, op_name
 
 __all__ = ["Kind", "Signature", "WILDCARD", "N_FIELDS", "shape_code", "fill_vector",
            "agrees", "mismatched_fields", "describe_mismatch", "Call", "OBJECT",
-           "call_values", "call_signature", "shown"]
+           "call_values", "call_signature", "shown", "allreduce_call", "allgather_call",
+           "replay_key", "same_call"]
 
 WILDCARD = int(np.iinfo(np.int64).min)
 
@@ -101,10 +109,57 @@ def mismatched_fields(reduced: np.ndarray) -> List[str]:
             if hi != WILDCARD and hi != -neg_lo]
 
 
-def shown(signature: tuple) -> tuple:
-    """A robust engine's cached call signature ``(kind, op, dtype, shape)``
-    for a message: the fields after the kind, dtypes by name."""
-    return tuple(str(x) if isinstance(x, np.dtype) else x for x in signature[1:])
+def allreduce_call(op: Any, data: Any) -> Call:
+    """The description of an allreduce of ``data`` (NumPy or device array)."""
+    return (op, data.dtype, tuple(data.shape), None)
+
+
+def allgather_call(data: Any) -> Optional[Call]:
+    """The description of an allgather of ``data``: its dtype and trailing
+    shape (the number of rows may differ between ranks); None for an input
+    that is not an array (the call refuses it)."""
+    shape = getattr(data, "shape", None)
+    if shape is None or not hasattr(data, "dtype"):
+        return None
+    return (None, data.dtype, (-1,) + tuple(shape[1:]), None)
+
+
+def replay_key(call: Optional[Call]) -> Optional[Call]:
+    """A call's description as the robust engine's result cache sends it to a
+    replacement: picklable (an op's code, not the op object: a custom op's
+    function need not pickle, and the replacement's own op object is another
+    one). Idempotent."""
+    if call is None:
+        return None
+    op, dtype, shape, root = call
+    return (None if op is None else op_code(op), dtype,
+            None if shape is None else tuple(shape), root)
+
+
+def same_call(a: Optional[Call], b: Optional[Call]) -> bool:
+    """Whether two :func:`replay_key` descriptions (of calls of one kind) can
+    be of the same call: every field equal where both ranks described it
+    (None: nothing described)."""
+    if a is None or b is None:
+        return True
+    return all(x is None or y is None or x == y for x, y in zip(a, b))
+
+
+def shown(kind: int, call: Optional[Call]) -> str:
+    """A :func:`replay_key` description for a message: ``broadcast (dtype
+    float64, shape (4,), root 0)``; fields described as "any" are left out."""
+    op, dtype, shape, root = call if call is not None else (None, None, None, None)
+    parts = []
+    if op is not None:
+        parts.append(f"op {op_name(op) if op < 1000 else f'custom op #{op}'}")
+    if dtype is not None:
+        parts.append(f"dtype {dtype}")
+    if shape is not None:
+        parts.append(f"shape {_shape_text(shape)}")
+    if root is not None:
+        parts.append(f"root {root}")
+    name = Kind.NAMES.get(kind, str(kind))
+    return f"{name} ({', '.join(parts)})" if parts else name
 
 
 def call_values(version: int, seqno: int, kind: int, call: Optional[Call],

@@ -57,7 +57,7 @@ from ._checkpoint import serialize
 from ._frame import CallFrame
 from ._lifecycle import abort_init, install_excepthook, mark_every_rank
 from ._reduce import HostReduce
-from ._signature import OBJECT, Call, Kind
+from ._signature import OBJECT, Call, Kind, allgather_call, allreduce_call
 from ._startup import check_same_settings, duplicates, ulfm_enabled
 from ._store import DurableStore
 from ._tags import PEER_PROBE_TAG
@@ -260,8 +260,8 @@ class MpiEngine(Engine, Transport):
         Raises:
             CollectiveMismatchError: the ranks made different calls.
         """
-        call = (op, data.dtype, tuple(data.shape), None)
-        self.frame.enter(Kind.ALLREDUCE, None, True, call if self.frame.check else None)
+        self.frame.enter(Kind.ALLREDUCE, None, True,
+                         allreduce_call(op, data) if self.frame.check else None)
         try:
             if prepare_fun is not None:
                 prepare_fun(data)
@@ -297,8 +297,7 @@ class MpiEngine(Engine, Transport):
         elif dtype_code(data.dtype) == 0:
             error = TypeError(f"allgather does not support dtype {data.dtype}")
         frame.enter(Kind.ALLGATHER, error, True,
-                    (None, data.dtype, (-1,) + tuple(data.shape[1:]), None)
-                    if frame.check and error is None else None)
+                    allgather_call(data) if frame.check and error is None else None)
         try:
             if frame.size == 1:
                 return data.copy()
@@ -340,17 +339,19 @@ class MpiEngine(Engine, Transport):
         return self.framed_allreduce(data, op, prepare_fun, check_allreduce(data, op))
 
     def framed_allreduce(self, data: np.ndarray, op: OpLike, prepare_fun: Optional[PrepareFn],
-                   error: Optional[BaseException], out: Optional[np.ndarray] = None
-                   ) -> np.ndarray:
+                         error: Optional[BaseException], out: Optional[np.ndarray] = None,
+                         call: Optional[Call] = None) -> np.ndarray:
         """The framed allreduce of ``data`` (``error``: the input check's
         refusal). With ``out`` (C-contiguous, ``data``'s shape and dtype) the
         result goes there and ``data`` keeps what it holds after
         ``prepare_fun``, so a call that fails half-way can run again; every
         rank must pass ``out`` or none (MPI_IN_PLACE is all or nothing).
-        Returns where the result is."""
+        ``call``: the call's description, if the caller made it already
+        (:func:`allreduce_call`). Returns where the result is."""
         frame = self.frame
-        frame.enter(Kind.ALLREDUCE, error, True,
-                    (op, data.dtype, data.shape, None) if frame.check and error is None else None)
+        if call is None and error is None and frame.check:
+            call = (op, data.dtype, data.shape, None)       # allreduce_call, inlined
+        frame.enter(Kind.ALLREDUCE, error, True, call)
         try:
             if prepare_fun is not None:
                 prepare_fun(data)
@@ -364,12 +365,16 @@ class MpiEngine(Engine, Transport):
     def broadcast(self, data: Any, root: int = 0) -> Any:
         return self.carried_broadcast(data, root)[0]
 
-    def carried_broadcast(self, data: Any, root: int) -> Tuple[Any, "Carried"]:
-        """:meth:`broadcast`, returning also what it carried (for the robust
-        engine's result cache): whether a device array, and an object's
-        pickled bytes."""
-        frame = self.frame
-        error = check_root(root, frame.size)
+    def broadcast_call(self, data: Any, root: int) -> Optional[Call]:
+        """The description of a broadcast of ``data`` from ``root`` on this
+        rank (None if the call refuses its input)."""
+        return self._broadcast_input(data, root)[4]
+
+    def _broadcast_input(self, data: Any, root: int
+                         ) -> Tuple[Optional[BaseException], bool, bool, bool, Optional[Call]]:
+        """A broadcast's input: its refusal, whether a device array, a NumPy
+        array, whether this rank is the root, and the call's description."""
+        error = check_root(root, self.frame.size)
         # Plain NumPy arrays (the common case) skip the device lookup.
         transport = self.device_transport() if type(data) is not np.ndarray else None
         on_device = transport is not None and transport.carries(data)
@@ -378,13 +383,20 @@ class MpiEngine(Engine, Transport):
             error = check_array_broadcast(data)
         if error is None and on_device and dtype_code(data.dtype) == 0:
             error = TypeError(f"broadcast does not support dtype {data.dtype}")
-        is_root = error is None and frame.rank == root
-
+        is_root = error is None and self.frame.rank == root
         call: Optional[Call] = None
-        if frame.check and error is None:
+        if error is None:
             call = ((None, data.dtype, tuple(data.shape), root) if is_array or on_device
                     else (None, OBJECT, None, root) if is_root else (None, None, None, root))
-        frame.enter(Kind.BROADCAST, error, True, call)
+        return error, on_device, is_array, is_root, call
+
+    def carried_broadcast(self, data: Any, root: int) -> Tuple[Any, "Carried"]:
+        """:meth:`broadcast`, returning also what it carried (for the robust
+        engine's result cache): whether a device array, and an object's
+        pickled bytes."""
+        frame = self.frame
+        error, on_device, is_array, is_root, call = self._broadcast_input(data, root)
+        frame.enter(Kind.BROADCAST, error, True, call if frame.check else None)
         pickle_error: Optional[BaseException] = None
         try:
             if on_device and (is_root or frame.size == 1):
@@ -441,8 +453,7 @@ class MpiEngine(Engine, Transport):
         frame = self.frame
         error = check_allgather(data)
         frame.enter(Kind.ALLGATHER, error, True,
-                    (None, data.dtype, (-1,) + data.shape[1:], None)
-                    if frame.check and error is None else None)
+                    allgather_call(data) if frame.check and error is None else None)
         try:
             if frame.size == 1:
                 return data.copy()

@@ -64,11 +64,12 @@ from ._mpistart import MPI
 from ..config import Config
 from ..errors import (CheckpointError, CollectiveMismatchError, PeerFailure, RabitError,
                       RecoveryError)
-from ..ops import OpLike, op_code
+from ..ops import OpLike
 from . import _control as control
 from ._checkpoint import deserialize, serialize
 from ._lifecycle import raised_by_rabit_py
-from ._signature import Kind, shown
+from ._signature import (Call, Kind, allgather_call, allreduce_call, replay_key, same_call,
+                         shown)
 from ._validate import check_allreduce
 from ._versions import NO_LAZY
 from .base import CheckpointResult, DeviceTransports, EngineInfo, PrepareFn
@@ -85,6 +86,12 @@ Key = Tuple[int, int]
 _LOAD = 0                       # request code of load_checkpoint (served first)
 _NO_VERSION = int(np.iinfo(np.int64).min)
 _SERVED, _WAIT, _EXECUTE = "served", "wait", "execute"
+
+
+def _serve_array(entry: Entry, data: np.ndarray, *_: Any) -> np.ndarray:
+    """A served allreduce result, copied into the caller's array."""
+    np.copyto(data, entry.payload)
+    return data
 
 
 class RobustEngine(MpiEngine):
@@ -160,52 +167,57 @@ class RobustEngine(MpiEngine):
         replacement, run again after a failure from a copy of the input
         (on the device) unless ``prepare_fun`` remakes it."""
         backup = data.copy() if prepare_fun is None and self.frame.size > 1 else None
+        key = self._next_key()
+        return self._call(Kind.ALLREDUCE, key, allreduce_call(op, data),
+                          self._execute_device_allreduce, self._serve_device_array, None,
+                          data, op, prepare_fun, reduce, backup)
 
-        def run() -> None:
-            if backup is not None:
-                data[...] = backup
-            super(RobustEngine, self).device_allreduce(data, op, prepare_fun, reduce)
+    def _execute_device_allreduce(self, key: Key, call: Call, data: Any, op: OpLike,
+                                  prepare_fun: Optional[PrepareFn], reduce: Callable[[], None],
+                                  backup: Any) -> Any:
+        if backup is not None:
+            data[...] = backup
+        super().device_allreduce(data, op, prepare_fun, reduce)
+        self.frame.check_revoked()
+        self._cache.put_array(key, Kind.ALLREDUCE, call, data.get(), True)
+        self._thin(key)
+        return data
 
-        return self._numbered_allreduce(data, op, None, run, data.get,
-                                        lambda payload: data.set(np.ascontiguousarray(payload)),
-                                        device=True)
+    @staticmethod
+    def _serve_device_array(entry: Entry, data: Any, *_: Any) -> Any:
+        data.set(np.ascontiguousarray(entry.payload))
+        return data
 
     # ------------------------------------------------------------ collectives
+    # Note [robust call]
+    # Every robust call is framed by _call: numbered by its key, described by
+    # its Call, run by execute(key, call, *args) -- which keeps its result for
+    # replay -- or, while the job recovers, by rounds of the recovery protocol
+    # that end in serve(entry, *args) (the survivors' result, checked against
+    # the call) or in execute. execute and serve are methods, not closures.
+    # The allreduce (the hot path) runs _step's first branch itself: when
+    # the job is not recovering it executes at once, and a lost peer met
+    # there is recovered (as _until_done does) before _call takes over.
     def allreduce(self, data: np.ndarray, op: OpLike,
                   prepare_fun: Optional[PrepareFn] = None) -> np.ndarray:
         error = check_allreduce(data, op)
         key = (self._epoch, self.frame.seqno)
         if error is not None:
-            return self._allreduce_call(key, (), data, op, prepare_fun, error)
-        # The dtype itself: its .str costs 0.3 us of the hot path.
-        signature = (Kind.ALLREDUCE, op_code(op), data.dtype, data.shape)
-        # The common case without the closures of _call (the hot path); a
-        # lost peer is recovered by _until_done, and the step goes on by rounds.
-        return self._until_done(self._allreduce_step, key, signature, data, op, prepare_fun)
+            return self._call(Kind.ALLREDUCE, key, None, self._refused_allreduce, None, error,
+                              data, op, prepare_fun, error)
+        # allreduce_call, inlined (the hot path): the frame's check and the
+        # result cache share it.
+        call = (op, data.dtype, data.shape, None)
+        if not self._recovering:
+            # The first branch of _step, inlined: the hot path (Note [robust call]).
+            try:
+                return self._execute_allreduce(key, call, data, op, prepare_fun)
+            except PeerFailure:
+                self._recover()
+        return self._call(Kind.ALLREDUCE, key, call, self._execute_allreduce, _serve_array, None,
+                          data, op, prepare_fun)
 
-    def _allreduce_step(self, key: Key, signature: tuple, data: np.ndarray, op: OpLike,
-                        prepare_fun: Optional[PrepareFn]) -> np.ndarray:
-        if self._recovering:
-            return self._allreduce_call(key, signature, data, op, prepare_fun, None)
-        return self._execute_allreduce(key, signature, data, op, prepare_fun)
-
-    def _allreduce_call(self, key: Key, signature: tuple, data: np.ndarray, op: OpLike,
-                        prepare_fun: Optional[PrepareFn], error: Optional[BaseException]
-                        ) -> np.ndarray:
-        """An allreduce by :meth:`_call`: refused, or by recovery rounds."""
-        def execute() -> np.ndarray:
-            self.frame.number_from(key[1])
-            if error is not None:
-                MpiEngine.framed_allreduce(self, data, op, prepare_fun, error)
-            return self._execute_allreduce(key, signature, data, op, prepare_fun)
-
-        def serve(entry: Entry) -> np.ndarray:
-            np.copyto(data, entry.payload)
-            return data
-
-        return self._call(Kind.ALLREDUCE, key, signature, execute, serve, error)
-
-    def _execute_allreduce(self, key: Key, signature: tuple, data: np.ndarray, op: OpLike,
+    def _execute_allreduce(self, key: Key, call: Call, data: np.ndarray, op: OpLike,
                            prepare_fun: Optional[PrepareFn]) -> np.ndarray:
         """Run the allreduce of ``key`` and keep its result. Reduced out of
         place into the buffer the cache keeps: an MPI call that fails half-way
@@ -214,108 +226,84 @@ class RobustEngine(MpiEngine):
         number is ``key``'s."""
         cache = self._cache
         out = cache.buffer_like(data)
-        self.framed_allreduce(data, op, prepare_fun, None, out)
+        self.framed_allreduce(data, op, prepare_fun, None, out, call)
         self.frame.check_revoked()
         np.copyto(data, out)
-        cache.put_owned(key, Kind.ALLREDUCE, signature, out)
+        cache.put_owned(key, Kind.ALLREDUCE, call, out)
         self._thin(key)
         return data
 
-    def _numbered_allreduce(self, data: Any, op: OpLike, error: Optional[BaseException],
-                            run: Callable[[], None], result: Callable[[], np.ndarray],
-                            load: Callable[[np.ndarray], Any], device: bool = False) -> Any:
-        """The robust frame of an allreduce of ``data`` (host or device):
-        numbered; ``run()`` executes it (restoring the input first), then
-        ``result()`` (a host array) is kept for replay; a replacement's call is
-        served by ``load(payload)`` instead. Returns ``data``."""
-        key = self._next_key()
-        signature = (() if error else
-                     (Kind.ALLREDUCE, op_code(op), np.dtype(data.dtype), tuple(data.shape)))
-
-        def execute() -> Any:
-            self.frame.number_from(key[1])
-            run()
-            self.frame.check_revoked()
-            self._cache.put_array(key, Kind.ALLREDUCE, signature, result(), device)
-            self._thin(key)
-            return data
-
-        def serve(entry: Entry) -> Any:
-            load(entry.payload)
-            return data
-
-        return self._call(Kind.ALLREDUCE, key, signature, execute, serve, error)
+    def _refused_allreduce(self, key: Key, call: None, data: np.ndarray, op: OpLike,
+                           prepare_fun: Optional[PrepareFn], error: BaseException) -> None:
+        """An allreduce whose input this rank refused: the others learn it in
+        the signature check, and every rank raises."""
+        MpiEngine.framed_allreduce(self, data, op, prepare_fun, error)
 
     def broadcast(self, data: Any, root: int = 0) -> Any:
         key = self._next_key()
-        signature = (Kind.BROADCAST, root)
+        return self._call(Kind.BROADCAST, key, self.broadcast_call(data, root),
+                          self._execute_broadcast, self._serve_broadcast, None, data, root)
 
-        def execute() -> Any:
-            self.frame.number_from(key[1])
-            result, carried = self.carried_broadcast(data, root)
-            self.frame.check_revoked()
-            if carried.on_device:
-                # A device array (NCCL): its host copy is kept (a receiver that
-                # passed a NumPy array got one already).
-                transport = self.device_transport()
-                host = transport.to_host(result) if transport.carries(result) else result
-                self._cache.put_array(key, Kind.BROADCAST, signature, host, device=True)
-            elif isinstance(result, np.ndarray) and carried.pickled is None:
-                self._cache.put_array(key, Kind.BROADCAST, signature, result)
-            else:
-                self._cache.put_bytes(key, Kind.BROADCAST, signature, carried.pickled or b"")
-            self._thin(key)
-            return result
-
-        def serve(entry: Entry) -> Any:
-            payload = entry.payload
-            if not isinstance(payload, np.ndarray):
-                return deserialize(payload, "broadcast result")
+    def _execute_broadcast(self, key: Key, call: Optional[Call], data: Any, root: int) -> Any:
+        result, carried = self.carried_broadcast(data, root)
+        self.frame.check_revoked()
+        if carried.on_device:
+            # A device array (NCCL): its host copy is kept (a receiver that
+            # passed a NumPy array got one already).
             transport = self.device_transport()
-            on_device = transport is not None and transport.carries(data)
-            if (on_device or isinstance(data, np.ndarray)) and \
-                    tuple(data.shape) == payload.shape and data.dtype == payload.dtype:
-                if on_device:
-                    return transport.upload(payload, data)
-                np.copyto(data, payload)
-                return data
-            if entry.device and transport is not None:
-                return transport.upload(payload)
-            return payload.copy()
+            host = transport.to_host(result) if transport.carries(result) else result
+            self._cache.put_array(key, Kind.BROADCAST, call, host, device=True)
+        elif isinstance(result, np.ndarray) and carried.pickled is None:
+            self._cache.put_array(key, Kind.BROADCAST, call, result)
+        else:
+            self._cache.put_bytes(key, Kind.BROADCAST, call, carried.pickled or b"")
+        self._thin(key)
+        return result
 
-        return self._call(Kind.BROADCAST, key, signature, execute, serve, None)
+    def _serve_broadcast(self, entry: Entry, data: Any, root: int) -> Any:
+        payload = entry.payload
+        if not isinstance(payload, np.ndarray):
+            return deserialize(payload, "broadcast result")
+        transport = self.device_transport()
+        on_device = transport is not None and transport.carries(data)
+        if (on_device or isinstance(data, np.ndarray)) and \
+                tuple(data.shape) == payload.shape and data.dtype == payload.dtype:
+            if on_device:
+                return transport.upload(payload, data)
+            np.copyto(data, payload)
+            return data
+        if entry.device and transport is not None:
+            return transport.upload(payload)
+        return payload.copy()
 
     def allgather(self, data: np.ndarray) -> np.ndarray:
-        return self._numbered_allgather(lambda: super(RobustEngine, self).allgather(data),
-                                        lambda result: result, lambda payload: payload.copy())
+        key = self._next_key()
+        return self._call(Kind.ALLGATHER, key, allgather_call(data), self._execute_allgather,
+                          self._serve_gathered, None, data, False)
 
     def device_allgather(self, data: Any) -> Any:
         """As :meth:`allgather`, for a device array on the device transport:
         numbered, its result kept (a host copy) and served to a replacement
         as a new device array."""
-        transport = self.device_transport()
-        return self._numbered_allgather(
-            lambda: super(RobustEngine, self).device_allgather(data), transport.to_host,
-            transport.upload, device=True)
-
-    def _numbered_allgather(self, gather: Callable[[], Any], to_host: Callable[[Any], np.ndarray],
-                            load: Callable[[np.ndarray], Any], device: bool = False) -> Any:
-        """The robust frame of an allgather: numbered; ``gather()`` executes
-        it and ``to_host(result)`` is kept for replay; a replacement's call
-        gets ``load(payload)`` instead."""
         key = self._next_key()
-        signature = (Kind.ALLGATHER,)
+        return self._call(Kind.ALLGATHER, key, allgather_call(data), self._execute_allgather,
+                          self._serve_gathered, None, data, True)
 
-        def execute() -> Any:
-            self.frame.number_from(key[1])
-            result = gather()
-            self.frame.check_revoked()
-            self._cache.put_array(key, Kind.ALLGATHER, signature, to_host(result), device)
-            self._thin(key)
-            return result
+    def _execute_allgather(self, key: Key, call: Optional[Call], data: Any, device: bool) -> Any:
+        if device:
+            result = super().device_allgather(data)
+            host = self.device_transport().to_host(result)
+        else:
+            result = host = super().allgather(data)
+        self.frame.check_revoked()
+        self._cache.put_array(key, Kind.ALLGATHER, call, host, device)
+        self._thin(key)
+        return result
 
-        return self._call(Kind.ALLGATHER, key, signature, execute,
-                          lambda entry: load(entry.payload), None)
+    def _serve_gathered(self, entry: Entry, data: Any, device: bool) -> Any:
+        if device:
+            return self.device_transport().upload(entry.payload)
+        return entry.payload.copy()
 
     def _thin(self, key: Key) -> None:
         """Keep the result of ``key`` (``result_copies``: Note [result cache]);
@@ -354,7 +342,7 @@ class RobustEngine(MpiEngine):
 
         lazy_call = lazy is not NO_LAZY
 
-        def execute() -> None:
+        def execute(*_: Any) -> None:
             frame = self.frame
             frame.sync(Kind.LAZY_CHECKPOINT if lazy_call else Kind.CHECKPOINT, error)
             if lazy_call:
@@ -376,7 +364,7 @@ class RobustEngine(MpiEngine):
                     on_disk = serialize(lazy, "global model")
                 self.checkpoints.save(self.frame.version, on_disk, local_blob)
 
-        self._call(Kind.CHECKPOINT, key, (Kind.CHECKPOINT,), execute, None, error)
+        self._call(Kind.CHECKPOINT, key, None, execute, None, error)
 
     def load_checkpoint(self, with_local: bool = False) -> CheckpointResult:
         self._before_call(self.frame.seqno)
@@ -430,12 +418,11 @@ class RobustEngine(MpiEngine):
             self.recovery.release_spares()
 
     def finalize_sync(self) -> None:
-        def execute() -> None:
+        def execute(*_: Any) -> None:
             self.frame.sync(Kind.FINALIZE, None)
             self.frame.guarded(Kind.FINALIZE, lambda: self.frame.comm.Agree(1), agreement=True)
 
-        self._call(Kind.FINALIZE, (self._epoch, self.frame.seqno), (Kind.FINALIZE,), execute,
-                   None, None)
+        self._call(Kind.FINALIZE, (self._epoch, self.frame.seqno), None, execute, None, None)
 
     # ------------------------------------------------------------ the protocol
     def _before_call(self, seqno: int) -> None:
@@ -455,34 +442,40 @@ class RobustEngine(MpiEngine):
             self.frame.number_from(0)
             self._cache.drop_epochs_before(self.frame.version)
 
-    def _call(self, kind: int, key: Key, signature: tuple, execute: Callable[[], Any],
-              serve: Optional[Callable[[Entry], Any]], error: Optional[BaseException]) -> Any:
-        """Run one call: normally, or by rounds while recovering."""
+    def _call(self, kind: int, key: Key, call: Optional[Call], execute: Callable[..., Any],
+              serve: Optional[Callable[..., Any]], error: Optional[BaseException],
+              *args: Any) -> Any:
+        """Run one call (Note [robust call]): ``execute(key, call, *args)``,
+        or, while recovering, rounds that end in ``serve(entry, *args)`` (a
+        result that the survivors kept, of the same call: Note [signature
+        check]) or in ``execute``. ``error``: this rank refused its input."""
+        return self._until_done(self._step, kind, key, call, execute, serve, error, args)
 
-        def step() -> Any:
-            if self._recovering:
-                if error is not None:
-                    raise error
-                outcome, entry = self.frame.guarded(kind, lambda: self._round(key))
-                if outcome == _WAIT:
-                    return _AGAIN
-                if outcome == _SERVED:
-                    self.frame.number_from(key[1] + 1)
-                    if entry.signature != signature:
-                        raise CollectiveMismatchError(
-                            f"rank {self.frame.rank}: after recovery, call #{key[1]} of version "
-                            f"{self.frame.version} is {Kind.NAMES.get(kind)} "
-                            f"{shown(signature)} but the other ranks ran "
-                            f"{Kind.NAMES.get(entry.kind)} {shown(entry.signature)}: the "
-                            f"program must make the same calls on "
-                            f"every run")
-                    self._cache.put_entry(key, entry)
-                    return serve(entry) if serve is not None else None
-                self._recovering = False        # _EXECUTE: everyone is at this call
-                self.recovery.caught_up()
-            return execute()
-
-        return self._until_done(step)
+    def _step(self, kind: int, key: Key, call: Optional[Call], execute: Callable[..., Any],
+              serve: Optional[Callable[..., Any]], error: Optional[BaseException],
+              args: Tuple[Any, ...]) -> Any:
+        """One try of :meth:`_call`."""
+        if self._recovering:
+            if error is not None:
+                raise error
+            outcome, entry = self.frame.guarded(kind, lambda: self._round(key))
+            if outcome == _WAIT:
+                return _AGAIN
+            if outcome == _SERVED:
+                self.frame.number_from(key[1] + 1)
+                mine = replay_key(call)
+                if entry.kind != kind or not same_call(entry.signature, mine):
+                    raise CollectiveMismatchError(
+                        f"rank {self.frame.rank}: after recovery, call #{key[1]} of version "
+                        f"{self.frame.version} is {shown(kind, mine)} but the other ranks "
+                        f"ran {shown(entry.kind, entry.signature)}: the program must make "
+                        f"the same calls on every run")
+                self._cache.put_entry(key, entry)
+                return serve(entry, *args) if serve is not None else None
+            self._recovering = False        # _EXECUTE: everyone is at this call
+            self.recovery.caught_up()
+            self.frame.number_from(key[1])
+        return execute(key, call, *args)
 
     def _until_done(self, step: Callable[..., Any], *args: Any) -> Any:
         """Run ``step(*args)`` until it returns something else than
@@ -540,7 +533,7 @@ class RobustEngine(MpiEngine):
         holder = control.reduce_int(comm, self.frame.rank if wanted in self._cache else -1,
                                     MPI.MAX)
         if holder >= 0:
-            entry = control.bcast(comm, self._cache.get(wanted) if self.frame.rank == holder
+            entry = control.bcast(comm, self._replayable(wanted) if self.frame.rank == holder
                                   else None, holder, "round.result")
             return (_SERVED, entry) if code == min_code else (_WAIT, None)
         if max_code != min_code:
@@ -554,6 +547,12 @@ class RobustEngine(MpiEngine):
             self.frame.adopt_version(0)
             self._has_version = True
         return _EXECUTE, None
+
+    def _replayable(self, key: Key) -> Entry:
+        """The cached result of ``key`` as it is sent to a replacement: its
+        call described by :func:`replay_key` (codes, picklable)."""
+        entry = self._cache.get(key)
+        return entry._replace(signature=replay_key(entry.signature))
 
     def _serve_checkpoint(self, requesting: bool, version: int) -> None:
         """Round step 2: give the requesters the committed checkpoint."""

@@ -75,7 +75,7 @@ CASES = {
     "dies_during_replay": ("1,2,3,0;1,2,1,1", {1}),
     "two_versions": ("2,1,2,0;3,4,3,0", {2, 3}),
     # ranks 1 and 3 are replaced by one spawn; then one of those replacements
-    # dies (Note [spawned jobs] in engine/_join.py: PRRTE killed its sibling)
+    # dies (Note [spawned jobs] in engine/recovery/_join.py: PRRTE killed its sibling)
     "a_replacement_of_a_burst_dies": ("1,1,1,0;3,1,1,0;3,2,2,1", {1, 3}),
 }
 
@@ -145,6 +145,57 @@ def test_mismatch_after_recovery_is_reported():
     mismatches = parse(out, "MISMATCH")
     assert sorted(m["rank"] for m in mismatches) == list(range(RANKS)), out[-6000:]
     assert all("shape" in m["message"] and "rank 1" in m["message"] for m in mismatches)
+
+
+REPLAY = [sys.executable, "tests/programs/replay_check.py"]
+
+
+def run_replay(*args: str, kill: bool = True) -> tuple:
+    # Rank 1 is killed at call #3 of version 0; its replacement replays #0-#2.
+    env = {"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,0,3,0"} if kill else \
+        {"RABIT_ENGINE": "robust"}
+    code, out = run(rabit_run(2, *REPLAY, *args), timeout=120,
+                    env={"RABIT_TIMEOUT": "45", **env})
+    return code, out, {int(line.split()[1]): json.loads(line.split(" ", 2)[2])
+                       for line in out.splitlines() if line.startswith("RESULT ")}
+
+
+@pytest.mark.parametrize("differ,call,mine,theirs", [
+    ("allreduce", "call #0", "allreduce (op Op.SUM, dtype float32, shape (3,))",
+     "allreduce (op Op.SUM, dtype float64, shape (3,))"),
+    ("broadcast", "call #1", "broadcast (dtype float32, shape (4,), root 0)",
+     "broadcast (dtype float64, shape (4,), root 0)"),
+    ("allgather", "call #2", "allgather (dtype float64, shape (*, 3))",
+     "allgather (dtype float64, shape (*, 2))"),
+])
+def test_a_replacement_making_another_call_is_refused_the_survivors_result(
+        differ, call, mine, theirs):
+    # One description of a call serves the cross-rank check and the replay
+    # check: before, a broadcast was checked by its root only and an
+    # allgather by its kind, and a replacement got a result of another
+    # dtype or shape than it asked for.
+    code, out, results = run_replay("--differ", differ)
+    assert code != 0, out[-4000:]
+    expected = (f"CollectiveMismatchError on rank 1: after recovery, {call} of version 0 is "
+                f"{mine} but the other ranks ran {theirs}")
+    assert expected in out, out[-4000:]
+    assert results == {}
+
+
+@pytest.mark.parametrize("receivers", ["buffer", "none"])
+def test_a_replacement_making_the_same_calls_replays_them(receivers):
+    args = ["--receivers-pass-none"] if receivers == "none" else []
+    code, out, reference = run_replay(*args, kill=False)
+    assert code == 0 and sorted(reference) == [0, 1], out[-4000:]
+    code, out, results = run_replay(*args)
+    assert code == 0, out[-4000:]
+    assert "replaced rank(s) [1]" in out
+    for rank in (0, 1):
+        got = dict(results[rank])
+        assert got.pop("recoveries") == 1
+        want = dict(reference[rank])
+        assert want.pop("recoveries") == 0
+        assert got == want
 
 
 def test_uncaught_exception_aborts_with_traceback():

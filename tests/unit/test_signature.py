@@ -1,3 +1,5 @@
+import pickle
+
 import numpy as np
 
 from rabit_py.engine._signature import (Kind, Signature, describe_mismatch,
@@ -56,3 +58,35 @@ def test_message_for_a_skipped_call():
     message = describe_mismatch(1, sigs[1], fields, [s.describe() for s in sigs])
     assert "  call: allreduce on rank 0; finalize on rank 1" in message
     assert "skipped, added or reordered" in message
+
+
+def test_replay_descriptions_match_with_the_checks_wildcards():
+    from rabit_py.engine._signature import (allgather_call, allreduce_call, replay_key,
+                                            same_call, shown)
+    from rabit_py.ops import Op
+
+    absmax = Op.create(lambda a, b: np.maximum(np.abs(a), np.abs(b)))
+    mine = replay_key(allreduce_call(absmax, np.zeros((2, 3), np.float32)))
+    # A replacement's op object is another one; its code is the same.
+    again = replay_key(allreduce_call(Op.create(lambda a, b: np.maximum(np.abs(a), np.abs(b))),
+                                      np.zeros((2, 3), np.float32)))
+    assert mine == again and same_call(mine, again)
+    assert replay_key(mine) == mine                      # served on by a replacement
+    assert pickle.loads(pickle.dumps(mine)) == mine
+    assert not same_call(mine, replay_key(allreduce_call(Op.SUM, np.zeros((2, 3), np.float32))))
+    assert not same_call(mine, replay_key(allreduce_call(absmax, np.zeros((3, 2), np.float32))))
+    # A broadcast receiver that passed None described its root only.
+    root_side = replay_key((None, np.dtype(np.float64), (4,), 0))
+    assert same_call(root_side, (None, None, None, 0))
+    assert not same_call(root_side, (None, None, None, 1))
+    assert not same_call(root_side, (None, np.dtype(np.float32), (4,), 0))
+    # Allgather: the number of rows may differ, the row shape may not.
+    rows = replay_key(allgather_call(np.zeros((5, 2))))
+    assert same_call(rows, replay_key(allgather_call(np.zeros((1, 2)))))
+    assert not same_call(rows, replay_key(allgather_call(np.zeros((5, 3)))))
+    assert allgather_call([1, 2]) is None
+    assert shown(Kind.ALLGATHER, rows) == "allgather (dtype float64, shape (*, 2))"
+    assert shown(Kind.BROADCAST, (None, None, None, 0)) == "broadcast (root 0)"
+    assert shown(Kind.ALLREDUCE, replay_key(allreduce_call(Op.SUM, np.zeros(3)))) == \
+        "allreduce (op Op.SUM, dtype float64, shape (3,))"
+    assert shown(Kind.ALLREDUCE, mine).startswith("allreduce (op custom op #")

@@ -53,8 +53,9 @@ Key = Tuple[int, int]
 
 
 class Entry(NamedTuple):
-    """A cached result: the call's kind, a description to check a replayed call
-    against (dtype, shape, root, op), the payload (an array or bytes), and
+    """A cached result: the call's kind, its description (the engine's
+    ``Call``; sent to a replacement as ``replay_key``, and checked against the
+    replacement's own call), the payload (an array or bytes), and
     whether the call's result was a device array (kept as its host copy; a
     replacement gets a device array back)."""
 

@@ -1,21 +1,30 @@
 """What the survivors' repair and the spare pool share: the state that
-replacements receive when they join, repair timings, and how a replacement is
-spawned (Note [repair] in ``_repair.py``, Note [spares] in ``_spares.py``)."""
+replacements receive when they join, repair timings, how replacements are
+spawned and merged in, and the loop that retries a repair after another
+failure (Note [repair] in ``_repair.py``, Note [spares] in ``_spares.py``)."""
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import logging
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 from .._mpistart import MPI
 
 from ..._status import STATUS_DIR_VARIABLE
+from ...errors import RecoveryError
+from .. import _control as control
 
 __all__ = ["JoinState", "RepairTimes", "Replacer", "spawn_command", "spawn_environment",
-           "spawn_info", "free_comm", "is_replacement"]
+           "spawn_info", "spawn_and_merge", "until_repaired", "free_comm", "is_replacement"]
+
+log = logging.getLogger("rabit_py")
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass
@@ -140,6 +149,58 @@ def spawn_info() -> "MPI.Info":
     if passed:
         info.Set("PMIX_ENVAR", passed)
     return info
+
+
+def spawn_and_merge(comm: "MPI.Intracomm", count: int, root: int, state: Optional["JoinState"],
+                    times: "RepairTimes") -> "MPI.Intracomm":
+    """Spawn ``count`` processes of this program from ``comm`` (collective;
+    ``root`` spawns), merge them in after ``comm``'s members and send them
+    ``state`` (that of the merged communicator's rank 0, ``comm``'s rank 0):
+    what spawned replacements (Note [repair]) and a spare pool's rebuild
+    (Note [spares]) share. The caller sets ``times.spawning`` before and
+    clears it once the new processes are in (Note [stuck spawn]).
+
+    Returns:
+        The merged communicator (errors returned); the spawn's
+        intercommunicator is freed.
+
+    Raises:
+        MPI.Exception: a process died meanwhile (the repair starts over).
+    """
+    t0 = time.perf_counter()
+    program, args = spawn_command()
+    inter = comm.Spawn(program, args=args, maxprocs=count, root=root, info=spawn_info())
+    times.spawn += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    merged = inter.Merge(high=False)
+    merged.Set_errhandler(MPI.ERRORS_RETURN)
+    control.bcast(merged, state, 0, "repair.join_state")
+    free_comm(inter)
+    times.merge += time.perf_counter() - t0
+    return merged
+
+
+def until_repaired(attempt: Callable[[int], T], who: str, times: "RepairTimes",
+                   max_attempts: int = 10) -> T:
+    """Run ``attempt(n)`` until it returns: another failure during a repair
+    (``MPI.Exception``) starts it over, up to ``max_attempts`` times. The one
+    retry loop of a survivor's repair and a spare's rebuild.
+
+    Raises:
+        RecoveryError: every attempt failed.
+    """
+    last: Optional[BaseException] = None
+    for n in range(1, max_attempts + 1):
+        times.attempts = n
+        try:
+            return attempt(n)
+        except MPI.Exception as exc:
+            times.spawning = []
+            last = exc
+            log.info("%s: repair attempt %d failed (%s); retrying", who, n,
+                     exc.Get_error_string())
+    raise RecoveryError(f"{who}: could not repair the job after {max_attempts} attempts: "
+                        f"{last}")
 
 
 def free_comm(comm: Any) -> None:

@@ -13,10 +13,12 @@ communicator in hand.
 
 Who gives the dead ranks new processes is the repair's ``Replacer``
 (``_join.py``): spawned ones (``SpawnReplacer``, above) or the job's spares
-(``SparePool``, Note [spares] in ``_spares.py``). Either way one loop
-(:func:`repair`) revokes, shrinks, finds the dead and asks the replacer for
-one attempt; a spare, which has no job communicator to shrink, runs the
-pool's side of the same attempts in its own loop.
+(``SparePool``, Note [spares] in ``_spares.py``). Either way each attempt of
+:func:`repair` revokes, shrinks, finds the dead and asks the replacer; a
+spare, which has no job communicator to shrink, runs the pool's side of the
+same attempts. Both are retried by one loop (``_join.until_repaired``), and
+new processes are spawned and merged in by one function
+(``_join.spawn_and_merge``).
 
 Replacements: ``MPI.Comm.Get_parent()`` is not null; they merge with the
 survivors, receive the job's state (which ranks they replace and the
@@ -36,7 +38,7 @@ from .._mpistart import MPI
 from ...errors import RecoveryError
 from .. import _control as control
 from .._lifecycle import kill_self
-from ._join import JoinState, RepairTimes, Replacer, free_comm, spawn_command, spawn_info
+from ._join import JoinState, RepairTimes, Replacer, free_comm, spawn_and_merge, until_repaired
 from ._spares import join_pool_as_spawned
 
 __all__ = ["repair", "SpawnReplacer", "join_as_replacement"]
@@ -73,41 +75,32 @@ def repair(comm: "MPI.Intracomm", my_rank: int, size: int,
             ``check_dead`` found the dead ranks unrecoverable.
     """
     current = comm
-    last_error: Optional[BaseException] = None
-    for attempt in range(1, max_attempts + 1):
-        times.attempts = attempt
-        shrunk = None
+
+    def attempt(n: int) -> Tuple["MPI.Intracomm", List[int]]:
+        nonlocal current
         try:
-            try:
-                current.Revoke()
-            except MPI.Exception:
-                pass
-            t0 = time.perf_counter()
-            log.debug("rank %d: repair attempt %d: shrinking", my_rank, attempt)
-            shrunk = current.Shrink()
-            shrunk.Set_errhandler(MPI.ERRORS_RETURN)
-            alive = control.allgather(shrunk, my_rank, "repair.alive")
-            dead = sorted(set(range(size)) - set(alive))
-            times.shrink += time.perf_counter() - t0
-            if not dead:
-                # Revoked without a death (e.g. a timeout elsewhere): same members.
-                new = shrunk.Split(0, key=my_rank)
-                new.Set_errhandler(MPI.ERRORS_RETURN)
-                shrunk.Free()
-                return new, []
-            log.debug("rank %d: dead ranks %s; replacing", my_rank, dead)
-            return replacer.replace(shrunk, my_rank, size, dead, make_state, times,
-                                    check_dead, give_up)
-        except MPI.Exception as exc:
-            # Another failure during the repair: start over from what we have.
-            times.spawning = []
-            last_error = exc
-            log.info("rank %d: repair attempt %d failed (%s); retrying", my_rank, attempt,
-                     exc.Get_error_string())
-            if shrunk is not None:
-                current = shrunk
-    raise RecoveryError(f"rank {my_rank}: could not repair the communicator after "
-                        f"{max_attempts} attempts: {last_error}")
+            current.Revoke()
+        except MPI.Exception:
+            pass
+        t0 = time.perf_counter()
+        log.debug("rank %d: repair attempt %d: shrinking", my_rank, n)
+        shrunk = current.Shrink()
+        shrunk.Set_errhandler(MPI.ERRORS_RETURN)
+        current = shrunk            # another failure: start over from it
+        alive = control.allgather(shrunk, my_rank, "repair.alive")
+        dead = sorted(set(range(size)) - set(alive))
+        times.shrink += time.perf_counter() - t0
+        if not dead:
+            # Revoked without a death (e.g. a timeout elsewhere): same members.
+            new = shrunk.Split(0, key=my_rank)
+            new.Set_errhandler(MPI.ERRORS_RETURN)
+            shrunk.Free()
+            return new, []
+        log.debug("rank %d: dead ranks %s; replacing", my_rank, dead)
+        return replacer.replace(shrunk, my_rank, size, dead, make_state, times,
+                                check_dead, give_up)
+
+    return until_repaired(attempt, f"rank {my_rank}", times, max_attempts)
 
 
 class SpawnReplacer(Replacer):
@@ -121,18 +114,10 @@ class SpawnReplacer(Replacer):
             raise RecoveryError(give_up)
         if check_dead is not None:
             check_dead(shrunk, dead)
-        t0 = time.perf_counter()
-        program, args = spawn_command()
         times.spawning = list(dead)
-        inter = shrunk.Spawn(program, args=args, maxprocs=len(dead), root=0,
-                             info=spawn_info())
-        times.spawn += time.perf_counter() - t0
-        log.debug("rank %d: spawned; merging", my_rank)
+        merged = spawn_and_merge(shrunk, len(dead), 0,
+                                 make_state(dead) if shrunk.Get_rank() == 0 else None, times)
         t0 = time.perf_counter()
-        merged = inter.Merge(high=False)
-        merged.Set_errhandler(MPI.ERRORS_RETURN)
-        state = make_state(dead) if merged.Get_rank() == 0 else None
-        control.bcast(merged, state, 0, "repair.join_state")
         new = merged.Split(0, key=my_rank)
         new.Set_errhandler(MPI.ERRORS_RETURN)
         times.merge += time.perf_counter() - t0
@@ -141,7 +126,7 @@ class SpawnReplacer(Replacer):
             raise RecoveryError(f"rank {my_rank}: the repaired communicator has size "
                                 f"{new.Get_size()} and puts this process at rank "
                                 f"{new.Get_rank()}")
-        for c in (inter, merged, shrunk):
+        for c in (merged, shrunk):
             free_comm(c)
         return new, list(dead)
 

@@ -61,7 +61,7 @@ from ...config import Config
 from ...errors import RecoveryError
 from .. import _control as control
 from ._join import (JoinState, RepairTimes, Replacer, free_comm, is_replacement,
-                    spawn_command, spawn_info)
+                    spawn_and_merge, until_repaired)
 from .._lifecycle import abort_job
 from .._tags import RELEASE_TAG
 from .._watchdog import deadline
@@ -128,7 +128,11 @@ class SparePool(Replacer):
         Raises:
             RecoveryError: the job cannot be recovered (the message says why).
         """
-        rebuilt = self._rebuild_until_done(-1, 0, None, None, RepairTimes())
+        times = RepairTimes()
+        # The workers' attempts are those of _repair.repair, one _attempt
+        # each; a spare has no job communicator to shrink, only the pool.
+        rebuilt = until_repaired(lambda _: self._attempt(-1, 0, None, None, times),
+                                 f"spare (pool rank {self.pool.Get_rank()})", times)
         if rebuilt.work is None:
             return None
         return rebuilt.work, rebuilt.job_rank, rebuilt.state
@@ -216,21 +220,6 @@ class SparePool(Replacer):
         free_comm(self.pool)
 
     # ------------------------------------------------------------ both
-    def _rebuild_until_done(self, job_rank: int, size: int, make_state: Any,
-                            lost: Optional[str], times: RepairTimes,
-                            max_attempts: int = 10) -> _Rebuilt:
-        """A spare's rebuild loop (the workers' is ``_repair.repair``, which
-        runs one :meth:`_attempt` per try: a spare has no job communicator
-        to shrink)."""
-        last: Optional[BaseException] = None
-        for _ in range(max_attempts):
-            try:
-                return self._attempt(job_rank, size, make_state, lost, times)
-            except MPI.Exception as exc:
-                last = exc
-        raise RecoveryError(f"could not rebuild the job with its spares after {max_attempts} "
-                            f"attempts: {last}")
-
     def _attempt(self, job_rank: int, size: int, make_state: Any, lost: Optional[str],
                  times: RepairTimes) -> _Rebuilt:
         """One rebuild (Note [spares]); the pool is the rebuilt one after it.
@@ -238,10 +227,8 @@ class SparePool(Replacer):
         the attempt and starts over, and ``MPI.Exception`` raised."""
         try:
             rebuilt = self._rebuild(job_rank, size, make_state, lost, times)
-        except MPI.Exception as exc:
-            times.spawning = []
-            log.info("pool rank %d: rebuilding after a failure failed (%s); retrying",
-                     self.pool.Get_rank(), exc.Get_error_string())
+        except MPI.Exception:
+            # Every member leaves the attempt, and until_repaired starts over.
             try:
                 self.pool.Revoke()
             except MPI.Exception:
@@ -284,16 +271,8 @@ class SparePool(Replacer):
                 # Note [spare refill]: the leader's target decides (a spare's is 0).
                 times.spawning = list(spawned)
                 spawned = spawned + [-1] * gathered[leader][3]
-                t0 = time.perf_counter()
-                program, args = spawn_command()
-                inter = shrunk.Spawn(program, args=args, maxprocs=len(spawned), root=leader,
-                                     info=spawn_info())
-                times.spawn += time.perf_counter() - t0
-                pool = inter.Merge(high=False)
-                pool.Set_errhandler(MPI.ERRORS_RETURN)
-                control.bcast(pool, dataclasses.replace(state, spawned=spawned), 0,
-                              "repair.join_state")
-                free_comm(inter)
+                pool = spawn_and_merge(shrunk, len(spawned), leader,
+                                       dataclasses.replace(state, spawned=spawned), times)
                 times.spawning = []
             t0 = time.perf_counter()
             me = shrunk.Get_rank()
