@@ -11,7 +11,7 @@ Only on a mismatch (the rare, slow path) do ranks ``allgather`` full
 descriptions to name who differed and how.
 
 A call is described once, as a :data:`Call` (``allreduce_call``,
-``allgather_call``, the engine's ``broadcast_call``): the same description
+``allgather_call``, the engine's ``broadcast_input``): the same description
 feeds this check and the robust engine's replay check, which compares a
 replacement's call with the one whose result the survivors kept
 (:func:`replay_key`, :func:`same_call`; ``None`` fields match anything, as

@@ -365,15 +365,12 @@ class MpiEngine(Engine, Transport):
     def broadcast(self, data: Any, root: int = 0) -> Any:
         return self.carried_broadcast(data, root)[0]
 
-    def broadcast_call(self, data: Any, root: int) -> Optional[Call]:
-        """The description of a broadcast of ``data`` from ``root`` on this
-        rank (None if the call refuses its input)."""
-        return self._broadcast_input(data, root)[4]
-
-    def _broadcast_input(self, data: Any, root: int
-                         ) -> Tuple[Optional[BaseException], bool, bool, bool, Optional[Call]]:
-        """A broadcast's input: its refusal, whether a device array, a NumPy
-        array, whether this rank is the root, and the call's description."""
+    def broadcast_input(self, data: Any, root: int
+                        ) -> Tuple[Optional[BaseException], bool, bool, bool, Optional[Call]]:
+        """A broadcast's input on this rank: its refusal, whether a device
+        array, a NumPy array, whether this rank is the root, and the call's
+        description (None if refused). For :meth:`carried_broadcast`, which
+        the robust engine hands what it computed already."""
         error = check_root(root, self.frame.size)
         # Plain NumPy arrays (the common case) skip the device lookup.
         transport = self.device_transport() if type(data) is not np.ndarray else None
@@ -390,12 +387,15 @@ class MpiEngine(Engine, Transport):
                     else (None, OBJECT, None, root) if is_root else (None, None, None, root))
         return error, on_device, is_array, is_root, call
 
-    def carried_broadcast(self, data: Any, root: int) -> Tuple[Any, "Carried"]:
+    def carried_broadcast(self, data: Any, root: int, described: Optional[tuple] = None
+                          ) -> Tuple[Any, "Carried"]:
         """:meth:`broadcast`, returning also what it carried (for the robust
         engine's result cache): whether a device array, and an object's
-        pickled bytes."""
+        pickled bytes. ``described``: :meth:`broadcast_input`, if the caller
+        has it."""
         frame = self.frame
-        error, on_device, is_array, is_root, call = self._broadcast_input(data, root)
+        error, on_device, is_array, is_root, call = (
+            described if described is not None else self.broadcast_input(data, root))
         frame.enter(Kind.BROADCAST, error, True, call if frame.check else None)
         pickle_error: Optional[BaseException] = None
         try:

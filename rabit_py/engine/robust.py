@@ -241,11 +241,13 @@ class RobustEngine(MpiEngine):
 
     def broadcast(self, data: Any, root: int = 0) -> Any:
         key = self._next_key()
-        return self._call(Kind.BROADCAST, key, self.broadcast_call(data, root),
-                          self._execute_broadcast, self._serve_broadcast, None, data, root)
+        described = self.broadcast_input(data, root)        # once: checks, device lookup
+        return self._call(Kind.BROADCAST, key, described[4], self._execute_broadcast,
+                          self._serve_broadcast, None, data, root, described)
 
-    def _execute_broadcast(self, key: Key, call: Optional[Call], data: Any, root: int) -> Any:
-        result, carried = self.carried_broadcast(data, root)
+    def _execute_broadcast(self, key: Key, call: Optional[Call], data: Any, root: int,
+                           described: tuple) -> Any:
+        result, carried = self.carried_broadcast(data, root, described)
         self.frame.check_revoked()
         if carried.on_device:
             # A device array (NCCL): its host copy is kept (a receiver that
@@ -260,7 +262,7 @@ class RobustEngine(MpiEngine):
         self._thin(key)
         return result
 
-    def _serve_broadcast(self, entry: Entry, data: Any, root: int) -> Any:
+    def _serve_broadcast(self, entry: Entry, data: Any, root: int, _described: tuple) -> Any:
         payload = entry.payload
         if not isinstance(payload, np.ndarray):
             return deserialize(payload, "broadcast result")
