@@ -2,19 +2,30 @@
 while the others are in it: every rank must raise CollectiveMismatchError,
 whatever the timing. The exception is left uncaught (the usual case), so a
 fast rank's exception handler ends the job while slower ranks may still be
-exchanging the mismatch's details. Each rank prints ``OUTCOME <rank> <class>``."""
+exchanging the mismatch's details. Each rank writes the class of what it
+raised (or ``none``) to the file ``<folder>/outcome-<rank>``, ``folder``
+being the first argument: not to stdout, whose lines Open MPI forwards from
+a pseudo-terminal, a line's text and its end apart, so that another
+process's output can land in the middle of them."""
 
+import os
 import sys
 
 import numpy as np
 
 import rabit_py as rabit
 
+folder = sys.argv[1]
 rank = -1
 
 
+def record(outcome: str) -> None:
+    with open(os.path.join(folder, f"outcome-{rank}"), "w") as f:
+        f.write(outcome)
+
+
 def report(exc_type, exc, tb):
-    print(f"OUTCOME {rank} {exc_type.__name__}", flush=True)
+    record(exc_type.__name__)
 
 
 sys.excepthook = report         # rabit_py's own hook calls it first
@@ -23,4 +34,4 @@ rank = rabit.get_rank()
 if rank != rabit.get_world_size() - 1:
     rabit.allreduce(np.ones(4), rabit.Op.SUM)
 rabit.finalize()
-print(f"OUTCOME {rank} none", flush=True)
+record("none")
