@@ -1,4 +1,21 @@
-"""The job's error output as rabit-run passes it on (Note [quiet banners]).
+"""The job's output as rabit-run passes it on: whole lines (Note [whole
+lines]), without Open MPI's banners (Note [quiet banners]).
+
+# Note [whole lines]
+A line that a rank prints can reach mpirun's output in two pieces, its text
+and its end: Python writes them with two system calls when stdout is
+unbuffered (``PYTHONUNBUFFERED=1``, the usual setting in containers and on
+this project's machines; ``print`` then writes the text, then ``"\\n"``), and
+Open MPI forwards each as it reads it. Once the job's stdout and stderr are
+merged (``2>&1``, a log file, a test's pipe), another line could land between
+them: a run whose rank printed ``OUTCOME 3 CollectiveMismatchError`` was
+read back as ``OUTCOME 3 CollectiveMismatchErrorrabit_py: every rank ...``.
+rabit-run therefore passes both streams on itself, a line at a time: a line
+not ended yet is held until its end comes, or for ``HOLD_S`` at most (a
+progress bar that redraws itself with ``"\\r"`` is passed on at each
+``"\\r"``), and the two streams write under one lock. Lines of different
+ranks on the same stream are joined by Open MPI, as it forwards them, before
+rabit-run sees them.
 
 # Note [quiet banners]
 When a rank ends the job, Open MPI prints help banners -- a block between two
@@ -8,9 +25,9 @@ process rank N ..." -- and its output forwarding leaves stray NUL bytes.
 Under rabit-run they only repeat what the failing rank already printed and
 what rabit-run's verdict says at the end (which rank, why, whether it
 restarts), so rabit-run leaves those banners and the NUL bytes out of the
-job's stderr; everything else passes through unchanged and at once,
-including lines not ended yet (a progress bar's ``\\r``), except a line that
-starts with a dash, held until its end to tell a rule from text. Open MPI 5
+job's stderr; everything else passes through unchanged (as whole lines,
+Note [whole lines]), except a line that starts with a dash, held until its
+end (however long) to tell a rule from text. Open MPI 5
 has no setting that silences these banners (its help messages can only be
 aggregated). ``rabit-run --mpi-banners`` passes everything.
 """
@@ -19,10 +36,14 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import threading
+import time
 from typing import BinaryIO, List, Optional
 
-__all__ = ["BannerFilter", "pump"]
+__all__ = ["BannerFilter", "WholeLines", "pump", "HOLD_S"]
+
+HOLD_S = 0.1        # seconds a line not ended yet is held (Note [whole lines])
 
 _RULE = re.compile(rb"^-{20,}\s*$")
 # The first line of a banner that repeats what rabit_py and rabit-run say.
@@ -81,35 +102,84 @@ class BannerFilter:
         return b""
 
 
-def pump(source: BinaryIO, sink: BinaryIO, verbose: bool = False) -> threading.Thread:
-    """Copy ``source`` (the job's stderr pipe) to ``sink`` through a
-    :class:`BannerFilter` (unfiltered with ``verbose``) on a daemon thread,
-    until the job's processes have all closed it. Returns the thread."""
+class WholeLines:
+    """Feed it a stream's bytes as they come; it returns the part that ends
+    a line (at a ``"\\n"`` or ``"\\r"``) and holds the rest, which
+    :meth:`held_too_long` gives up after ``hold_s`` (Note [whole lines])."""
+
+    def __init__(self, hold_s: float = HOLD_S) -> None:
+        self.hold_s = hold_s
+        self._held = b""
+        self._since = 0.0
+
+    @property
+    def holding(self) -> bool:
+        """Whether a line not ended yet is held."""
+        return bool(self._held)
+
+    def feed(self, data: bytes, now: float) -> bytes:
+        """What of ``data`` (after what is held) ends a line; ``now``: the
+        time (``time.monotonic()``) it came."""
+        if not data:
+            return b""
+        held = self._held
+        data = held + data
+        end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+        if end < len(data) and (end > 0 or not held):
+            self._since = now           # a new line began
+        self._held = data[end:]
+        return data[:end]
+
+    def held_too_long(self, now: float) -> bytes:
+        """What is held, if it has been for ``hold_s`` by ``now``; else nothing."""
+        if self._held and now - self._since >= self.hold_s:
+            return self.rest()
+        return b""
+
+    def wait_s(self, now: float) -> Optional[float]:
+        """How long to wait for more before :meth:`held_too_long` (None: no limit)."""
+        return max(0.0, self._since + self.hold_s - now) if self._held else None
+
+    def rest(self) -> bytes:
+        """Everything held (at the end of the stream)."""
+        held, self._held = self._held, b""
+        return held
+
+
+def pump(source: BinaryIO, sink: BinaryIO, lock: threading.Lock,
+         banners: Optional[BannerFilter] = None) -> threading.Thread:
+    """Copy ``source`` (a pipe of the job's output) to ``sink`` a line at a
+    time (:class:`WholeLines`), through ``banners`` when given, writing under
+    ``lock`` (shared by the pumps of one job), on a daemon thread, until the
+    job's processes have all closed it. Returns the thread."""
     fd = source.fileno()
 
-    def run() -> None:
-        keep = BannerFilter()
-        while True:
-            try:
-                data = os.read(fd, 65536)
-            except OSError:
-                break
-            if not data:
-                break
-            out = data if verbose else keep.feed(data)
-            if out:
+    def write(out: bytes) -> None:
+        if out:
+            with lock:
                 try:
                     sink.write(out)
                     sink.flush()
                 except (OSError, ValueError):
                     pass
-        try:
-            sink.write(b"" if verbose else keep.flush())
-            sink.flush()
-        except (OSError, ValueError):
-            pass
+
+    def run() -> None:
+        lines = WholeLines()
+        while True:
+            try:
+                ready, _, _ = select.select([fd], [], [], lines.wait_s(time.monotonic()))
+                data = os.read(fd, 65536) if ready else None
+            except (OSError, ValueError):
+                break
+            if data == b"":
+                break
+            now = time.monotonic()
+            if data is not None:
+                write(lines.feed(data if banners is None else banners.feed(data), now))
+            write(lines.held_too_long(now))
+        write(lines.rest() + (banners.flush() if banners is not None else b""))
         source.close()
 
-    thread = threading.Thread(target=run, name="rabit-run-stderr", daemon=True)
+    thread = threading.Thread(target=run, name="rabit-run-output", daemon=True)
     thread.start()
     return thread

@@ -70,10 +70,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Dict, List, Optional, Set, Tuple
 
-from ._output import pump
+from ._output import BannerFilter, pump
 from ._processes import descendants, forwarded, is_stopped, kill_tree, start_time
 from .._status import (ABORT, BUG, SETUP, STATUS_DIR_VARIABLE, Report, job_done,
                        process_alive, read_reports)
@@ -167,11 +168,18 @@ class Attempt:
         """Run the attempt to its end; every process it started has ended and
         its folders are removed when this returns."""
         self._began = time.time()
-        # Note [quiet banners] in _output.py (where our stderr takes bytes).
-        sink = getattr(sys.stderr, "buffer", None) if self.quiet_banners else None
+        # Notes [whole lines] and [quiet banners] in _output.py; a stream
+        # that takes no bytes (a test's capture) is left to mpirun.
+        out_sink = getattr(sys.stdout, "buffer", None)
+        err_sink = getattr(sys.stderr, "buffer", None)
         proc = subprocess.Popen(self.cmd, start_new_session=True, env=self.env,
-                                stderr=subprocess.PIPE if sink is not None else None)
-        errors = pump(proc.stderr, sink) if sink is not None else None
+                                stdout=subprocess.PIPE if out_sink is not None else None,
+                                stderr=subprocess.PIPE if err_sink is not None else None)
+        lock = threading.Lock()
+        pumps = ([pump(proc.stdout, out_sink, lock)] if out_sink is not None else []) + (
+            [pump(proc.stderr, err_sink, lock,
+                  BannerFilter() if self.quiet_banners else None)]
+            if err_sink is not None else [])
         try:
             return self._supervise(proc)
         finally:
@@ -181,8 +189,8 @@ class Attempt:
             except subprocess.TimeoutExpired:
                 pass
             self._end_left_behind()
-            if errors is not None:
-                errors.join(timeout=5)      # the job's last words, before the verdict
+            for thread in pumps:
+                thread.join(timeout=5)      # the job's last words, before the verdict
             self._clean_up()
 
     def remember(self, pids: List[int]) -> None:
