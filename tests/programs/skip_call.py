@@ -4,9 +4,8 @@ whatever the timing. The exception is left uncaught (the usual case), so a
 fast rank's exception handler ends the job while slower ranks may still be
 exchanging the mismatch's details. Each rank writes the class of what it
 raised (or ``none``) to the file ``<folder>/outcome-<rank>``, ``folder``
-being the first argument: not to stdout, whose lines Open MPI forwards from
-a pseudo-terminal, a line's text and its end apart, so that another
-process's output can land in the middle of them."""
+being the first argument: a file is read back as written, whatever the job's
+end does to its output (Note [whole lines] in rabit_py/launcher/_output.py)."""
 
 import os
 import sys
