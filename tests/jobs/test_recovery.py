@@ -87,18 +87,35 @@ def test_mock_kill_is_recovered_bitwise(reference, case):
     assert_recovered(out, starts, results, reference, killed)
     kills = re.findall(r"rabit_py mock: rank (\d+) killed", out)
     assert sorted(set(int(k) for k in kills)) == sorted(killed)
-    for r in results:
-        if r["rank"] in killed:
-            # Served results are not recomputed: the replacement's prepare_fun ran
-            # only for rounds it executed together with the survivors.
-            version, seqno = _last_kill(plan, r["rank"])
-            start = version if seqno == 0 else version + 1
-            assert r["prepared"] == list(range(start, 6)), (case, r)
+    assert_prepared(plan, killed, results)
 
 
 def _last_kill(plan, rank):
     points = [tuple(map(int, p.split(","))) for p in plan.split(";")]
     return max((v, s) for r, v, s, _ in points if r == rank)
+
+
+def assert_prepared(plan, killed, results):
+    """Served results are not recomputed: a replacement's prepare_fun ran only
+    for the rounds it executed together with the survivors. A rank killed at
+    call #1 of a version dies at the start of that call, after its own call #0
+    (the one with prepare_fun) returned -- but the survivors' call #0 may
+    still have been under way, and was then interrupted by the death (seen
+    under CPU hogs: ranks 0 and 2 killed at (2, 1), ranks 1 and 3 both
+    interrupted in (2, 0)). Nobody alive then kept its result, so everyone,
+    the replacement too, runs it again: every survivor shows that version's
+    prepare (at least) twice."""
+    survivors = [r for r in results if r["rank"] not in killed]
+    for r in results:
+        if r["rank"] not in killed:
+            continue
+        version, seqno = _last_kill(plan, r["rank"])
+        start = version if seqno == 0 else version + 1
+        if seqno == 1 and r["prepared"][:1] == [version]:
+            assert all(s["prepared"].count(version) >= 2 for s in survivors), \
+                (plan, r, survivors)
+            start = version
+        assert r["prepared"] == list(range(start, 6)), (plan, r, survivors)
 
 
 def test_sigkill_from_outside_is_recovered(reference):
@@ -284,11 +301,7 @@ def test_a_spare_takes_the_place_of_a_killed_rank(reference, spares, plan, kille
     assert code == 0, out[-6000:]
     assert_recovered(out, starts, results, reference, killed)
     assert {r["rank"]: r["joined"] for r in results if r["rank"] in killed} == joined
-    for r in results:
-        if r["rank"] in killed:
-            version, seqno = _last_kill(plan, r["rank"])
-            start = version if seqno == 0 else version + 1
-            assert r["prepared"] == list(range(start, 6)), (plan, r)
+    assert_prepared(plan, killed, results)
 
 
 def test_a_dead_spare_is_skipped(reference):
