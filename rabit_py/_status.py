@@ -94,8 +94,8 @@ class Reporter:
     def beat(self, version: int, seqno: int, kind: int, state: str, recoveries: int = 0,
              replaced: int = 0, spawning: Sequence[int] = ()) -> None:
         """A heartbeat: where this process is now, the in-job recoveries and
-        replaced processes of the job so far, and the ranks being spawned
-        for in state ``spawn`` (see the note)."""
+        replaced processes of the job so far, and in state ``spawn`` the
+        ranks that the repair under way replaces (see the note)."""
         self._beats += 1
         spawned = ",".join(map(str, spawning)) or "-"
         self._write("beat", f"{self._beats} {version} {seqno} {kind} {state} {os.getpid()} "
@@ -137,7 +137,7 @@ class Report:
         """(version, seqno, kind) of the last heartbeat."""
         return None if self.beat is None else self.beat[1:4]   # type: ignore[return-value]
 
-    spawning: FrozenSet[int] = frozenset()       # state spawn: the ranks spawned for
+    spawning: FrozenSet[int] = frozenset()       # state spawn: the ranks being replaced
 
     @property
     def state(self) -> Optional[str]:

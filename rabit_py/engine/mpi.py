@@ -630,8 +630,8 @@ class MpiEngine(Engine, Transport):
                             spawning=spawning)
 
     def recovery_status(self) -> Tuple[bool, List[int], int, int]:
-        """For the heartbeat: (repairing now, the ranks a repair is spawning
-        processes for, in-job recoveries so far, processes replaced so far);
+        """For the heartbeat: (repairing now, the ranks that a repair spawning
+        processes replaces, in-job recoveries so far, processes replaced so far);
         nothing without recovery."""
         return False, [], 0, 0
 

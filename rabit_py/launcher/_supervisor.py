@@ -30,9 +30,13 @@ ranks run in process groups of their own -- when:
 (no repair output, then ``NBC_Progress: an error 75`` loops).
 The engine's RABIT_RECOVERY_TIMEOUT ends such a repair, but only after its
 30 s. Ranks inside a spawn report it in their heartbeat (state ``spawn`` and
-the ranks spawned for), so rabit-run can tell that case exactly: a rank whose
-process is gone and which is not among those being spawned for died during
-the spawn (or just before it, which wedges it as well). The condition must
+the ranks that repair replaces, by spawned processes or by spares), so
+rabit-run can tell that case exactly: a rank whose process is gone and which
+is not among those being replaced died during the spawn (or just before it,
+which wedges it as well). A rank that a spare takes over in the same repair
+died before the shrink and takes no part: reported as a death during the
+spawn, it ended a job that was recovering (1 run in 36 of two ranks killed
+together with one spare, beside two CPU hogs, whose spawn took over 2 s). The condition must
 hold ``SPAWN_DEATH_S`` (heartbeats lag up to a second behind a spawn that
 ended) before rabit-run ends the job for a restart.
 
@@ -503,7 +507,7 @@ class _Watch:
         if not died:
             return None
         return (f"rank(s) {', '.join(map(str, died))} died while the job was starting "
-                f"processes for rank(s) {', '.join(map(str, sorted(targets)))}; Open MPI "
+                f"processes to replace rank(s) {', '.join(map(str, sorted(targets)))}; Open MPI "
                 f"cannot finish a spawn once a process taking part died (the repair would "
                 f"wait for RABIT_RECOVERY_TIMEOUT)")
 

@@ -285,7 +285,8 @@ def test_a_death_during_a_spawn_ends_the_job_at_once(tmp_path, capsys):
                           "--restart-delay", "0", "--", "true"])
     err = capsys.readouterr().err
     assert code == 0, err
-    assert ("rank(s) 3 died while the job was starting processes for rank(s) 1; Open MPI "
+    assert ("rank(s) 3 died while the job was starting processes to replace rank(s) 1; "
+            "Open MPI "
             "cannot finish a spawn" in err), err
     assert "restart 1 of 1" in err
 
@@ -309,6 +310,12 @@ def test_the_stuck_spawn_rule_names_only_deaths_outside_the_spawn():
     # A rank that finished (ok) is not a death.
     ranks["rank-3"] = _report("done", ok=True)
     assert _Watch._stuck_spawn(ranks, alive) is None
+    # Ranks 1 and 3 died together; a spare takes rank 3 over while rank 1's
+    # process is spawned: the heartbeat names both, and neither wedges it.
+    together = {"rank-0": _report("spawn", [1, 3]), "rank-1": _report("call"),
+                "rank-2": _report("spawn", [1, 3]), "rank-3": _report("call")}
+    survivors = {n: together[n] for n in ("rank-0", "rank-2")}
+    assert _Watch._stuck_spawn(together, survivors) is None
 
 # ---------------------------------------------------------------- the storm
 def test_a_short_storm_of_outside_kills_finishes_bitwise_identical(tmp_path):

@@ -55,9 +55,10 @@ class RepairTimes:
     spawn: float = 0.0
     merge: float = 0.0
     attempts: int = 0
-    # The ranks being spawned for while a spawn is under way (for the
-    # heartbeat: a rank dying then wedges the spawn; Note [stuck spawn] in
-    # rabit_py/launcher/_supervisor.py), else empty.
+    # While a spawn is under way, the ranks its repair replaces (spawned for,
+    # or taken over by spares), for the heartbeat: another rank dying then
+    # wedges the spawn (Note [stuck spawn] in rabit_py/launcher/_supervisor.py);
+    # else empty.
     spawning: List[int] = dataclasses.field(default_factory=list)
 
 

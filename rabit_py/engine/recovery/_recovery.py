@@ -83,7 +83,8 @@ class Recovery:
         self.log: List[Dict[str, Any]] = []
 
     def status(self) -> Tuple[bool, List[int], int, int]:
-        """(repairing now, ranks being spawned for, recoveries, processes replaced).
+        """(repairing now, ranks a spawn under way replaces, recoveries, processes
+        replaced).
         A repair that ended the job (``RecoveryError``) is not counted as a
         recovery: rabit-run's summary counts the ones that recovered."""
         spawning = list(self.repair_times.spawning) if self.repairing else []

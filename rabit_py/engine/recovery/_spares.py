@@ -269,7 +269,10 @@ class SparePool(Replacer):
             pool = shrunk
             if spawned:
                 # Note [spare refill]: the leader's target decides (a spare's is 0).
-                times.spawning = list(spawned)
+                # Every rank this repair replaces, spares' included: one that a
+                # spare takes over died before the shrink and cannot wedge the
+                # spawn (Note [stuck spawn]).
+                times.spawning = list(state.dead)
                 spawned = spawned + [-1] * gathered[leader][3]
                 pool = spawn_and_merge(shrunk, len(spawned), leader,
                                        dataclasses.replace(state, spawned=spawned), times)
