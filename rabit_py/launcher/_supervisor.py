@@ -34,9 +34,8 @@ the ranks that repair replaces, by spawned processes or by spares), so
 rabit-run can tell that case exactly: a rank whose process is gone and which
 is not among those being replaced died during the spawn (or just before it,
 which wedges it as well). A rank that a spare takes over in the same repair
-died before the shrink and takes no part: reported as a death during the
-spawn, it ended a job that was recovering (1 run in 36 of two ranks killed
-together with one spare, beside two CPU hogs, whose spawn took over 2 s). The condition must
+died before the shrink and takes no part in the spawn: it is among those
+being replaced, not a death during the spawn. The condition must
 hold ``SPAWN_DEATH_S`` (heartbeats lag up to a second behind a spawn that
 ended) before rabit-run ends the job for a restart.
 
