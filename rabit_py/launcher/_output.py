@@ -7,10 +7,8 @@ and its end: Python writes them with two system calls when stdout is
 unbuffered (``PYTHONUNBUFFERED=1``, the usual setting in containers and on
 this project's machines; ``print`` then writes the text, then ``"\\n"``), and
 Open MPI forwards each as it reads it. Once the job's stdout and stderr are
-merged (``2>&1``, a log file, a test's pipe), another line could land between
-them: a run whose rank printed ``OUTCOME 3 CollectiveMismatchError`` was
-read back as ``OUTCOME 3 CollectiveMismatchErrorrabit_py: every rank ...``.
-rabit-run therefore passes both streams on itself, a line at a time: a line
+merged (``2>&1``, a log file, a test's pipe), a line of the other stream
+could land between them (docs/observed.md). rabit-run therefore passes both streams on itself, a line at a time: a line
 not ended yet is held until its end comes, or for ``HOLD_S`` at most (a
 progress bar that redraws itself with ``"\\r"`` is passed on at each
 ``"\\r"``), and the two streams write under one lock. Lines of different
