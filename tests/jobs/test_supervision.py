@@ -224,6 +224,32 @@ def test_adjacent_ranks_lost_together_restart_from_disk(tmp_path):
         assert (r["model"], r["local"], r["version"]) == (ref["model"], ref["local"],
                                                           ref["version"])
 
+def test_a_failure_inside_a_call_past_the_cache_budget_restarts_from_disk(tmp_path):
+    # Note [in-place robust allreduce]: past the cache budget an allreduce
+    # without prepare_fun is reduced in place and kept nowhere, so the call
+    # cannot run again. Rank 1 dies at the start of such a call (call #1 of
+    # version 2, the MAX); the survivors, inside it, end the job for a
+    # restart from the durable checkpoint, which ends as the failure-free run.
+    code, out = run(rabit_run(4, *PROGRAM), timeout=120, env={"RABIT_ENGINE": "robust"})
+    assert code == 0, out
+    reference = {r["rank"]: r for r in parse(out, "RESULT")}
+    cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", "4", "--max-restarts", "1",
+           "--restart-delay", "0", "--checkpoint-dir", str(tmp_path), "--", *PROGRAM]
+    code, out = run(cmd, timeout=180, env={"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,2,1,0",
+                                           "RABIT_CACHE_BUDGET": "1", "RABIT_TIMEOUT": "60"})
+    assert code == 0, out[-6000:]
+    errors = parse(out, "RECOVERY_ERROR")
+    assert errors and all("made past the cache budget (RABIT_CACHE_BUDGET=1 bytes)"
+                          in e["message"] and "call #1 of version 2" in e["message"]
+                          for e in errors), out[-6000:]
+    assert "restart 1 of 1" in out
+    results = {r["rank"]: r for r in parse(out, "RESULT")}
+    assert sorted(results) == [0, 1, 2, 3], out[-6000:]
+    for rank, r in results.items():
+        ref = reference[rank]
+        assert (r["model"], r["local"], r["version"]) == (ref["model"], ref["local"],
+                                                          ref["version"])
+
 # ---------------------------------------------------------------- spare refill
 def test_a_spawn_refills_the_spares():
     # Note [spare refill]: the spare takes rank 1's place; rank 2's then needs

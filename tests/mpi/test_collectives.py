@@ -9,7 +9,7 @@ import pytest
 import rabit_py as rabit
 from rabit_py import Op
 
-from .conftest import WORLD, needs_ranks, same_on_all_ranks
+from .conftest import MPI, WORLD, needs_ranks, same_on_all_ranks
 
 SIZE = WORLD.Get_size()
 RANK = WORLD.Get_rank()
@@ -138,6 +138,34 @@ def test_prepare_fun_fills_buffer_once(session):
     rabit.allreduce(data, Op.SUM, prepare_fun=prepare)
     assert calls == [(4,)]
     assert np.all(data == SIZE * (SIZE + 1) // 2)
+
+
+@pytest.mark.parametrize("count", [3, 1 << 14, 1 << 18, 1 << 20])
+def test_every_allreduce_path_gives_the_same_bits(session, count):
+    # Note [in-place robust allreduce]: out of place into the cache, in place
+    # with prepare_fun, in place past the cache budget; raw MPI in place as
+    # the reference. Random float32, whose sums depend on the order.
+    mine = np.random.default_rng([RANK, count]).normal(size=count).astype(np.float32)
+    raw = mine.copy()
+    WORLD.Allreduce(MPI.IN_PLACE, raw, op=MPI.SUM)
+    plain = rabit.allreduce(mine.copy(), Op.SUM)
+    prepared = rabit.allreduce(np.zeros_like(mine), Op.SUM,
+                               prepare_fun=lambda buf: np.copyto(buf, mine))
+    assert plain.tobytes() == raw.tobytes() and prepared.tobytes() == raw.tobytes()
+    if session == "robust":
+        rabit.finalize()
+        rabit.init(engine="robust", timeout=60, cache_budget=mine.nbytes + 1)
+        rabit.checkpoint(None)      # calls of a version (start-up calls stay for good)
+        first = rabit.allreduce(mine.copy(), Op.SUM)        # kept: within the budget
+        past = [rabit.allreduce(mine.copy(), Op.SUM) for _ in range(3)]   # not kept
+        info = rabit.engine_info()
+        assert (info.cache_bytes, info.cache_refused) == (mine.nbytes, 3)
+        assert {first.tobytes()} | {p.tobytes() for p in past} == {raw.tobytes()}
+        rabit.checkpoint(None)                  # a new version: kept again
+        again = rabit.allreduce(mine.copy(), Op.SUM)
+        info = rabit.engine_info()
+        assert (info.cache_bytes, info.cache_refused) == (mine.nbytes, 0)
+        assert again.tobytes() == raw.tobytes()
 
 
 def test_custom_reducer_commutative(session):
