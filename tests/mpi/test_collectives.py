@@ -334,7 +334,6 @@ def test_tracker_print_once(session, capsys):
 
 @needs_ranks(2)
 def test_init_with_split_communicator():
-    from mpi4py import MPI  # noqa: F401
     color = RANK % 2
     sub = WORLD.Split(color, key=RANK)
     rabit.init(engine="mpi", comm=sub, timeout=60)
