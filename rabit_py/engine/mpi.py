@@ -344,8 +344,11 @@ class MpiEngine(Engine, Transport):
         """The framed allreduce of ``data`` (``error``: the input check's
         refusal). With ``out`` (C-contiguous, ``data``'s shape and dtype) the
         result goes there and ``data`` keeps what it holds after
-        ``prepare_fun``, so a call that fails half-way can run again; every
-        rank must pass ``out`` or none (MPI_IN_PLACE is all or nothing).
+        ``prepare_fun``, so a call that fails half-way can run again. Ranks
+        may differ in passing ``out`` (the robust engine reduces in place
+        with a ``prepare_fun`` or past its cache budget): Open MPI copies a
+        send buffer into the receive buffer before its algorithm runs, so
+        MPI_IN_PLACE on some ranks only gives the same bits (tested).
         ``call``: the call's description, if the caller made it already
         (:func:`allreduce_call`). Returns where the result is."""
         frame = self.frame

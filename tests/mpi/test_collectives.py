@@ -152,6 +152,11 @@ def test_every_allreduce_path_gives_the_same_bits(session, count):
     prepared = rabit.allreduce(np.zeros_like(mine), Op.SUM,
                                prepare_fun=lambda buf: np.copyto(buf, mine))
     assert plain.tobytes() == raw.tobytes() and prepared.tobytes() == raw.tobytes()
+    # ranks that differ: rank 0 with prepare_fun (in place), the others without
+    mixed = (rabit.allreduce(np.zeros_like(mine), Op.SUM,
+                             prepare_fun=lambda buf: np.copyto(buf, mine))
+             if RANK == 0 else rabit.allreduce(mine.copy(), Op.SUM))
+    assert mixed.tobytes() == raw.tobytes()
     if session == "robust":
         rabit.finalize()
         rabit.init(engine="robust", timeout=60, cache_budget=mine.nbytes + 1)
