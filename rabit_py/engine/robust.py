@@ -353,7 +353,21 @@ class RobustEngine(MpiEngine):
         cache = self._cache
         if cache.copies == 0 and not cache.refused:
             return              # the default: every rank keeps every result
-        if cache.thin(key, self.frame.rank, self.frame.size):
+        if not cache.thin(key, self.frame.rank, self.frame.size):
+            return
+        if key[0] == BOOT:
+            log.warning(
+                "rank %d: this program has not checkpointed since it started, so every "
+                "result since its start is kept for a replacement to replay, and at call #%d "
+                "they passed the cache budget (RABIT_CACHE_BUDGET=%d bytes). From here on "
+                "results are not kept and allreduces run in place at MPI's speed, but a "
+                "failure ends the job for a restart from the start (or from the durable "
+                "checkpoint) instead of an in-job recovery. A checkpoint each iteration "
+                "(rabit.checkpoint(model), or rabit.lazy_checkpoint(model), which copies "
+                "nothing) lets the engine drop the results before it: a failure at any point "
+                "is then recovered in the job, by replaying at most one iteration's calls.",
+                self.frame.rank, key[1], self._cache.budget)
+        else:
             log.warning(
                 "rank %d: the results kept for replay since the last checkpoint passed the "
                 "cache budget (RABIT_CACHE_BUDGET=%d bytes) at call #%d of version %d. "

@@ -3,6 +3,8 @@
 Runs at 1, 2 and 4 ranks (see tests/jobs/test_multirank.py).
 """
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -141,7 +143,7 @@ def test_prepare_fun_fills_buffer_once(session):
 
 
 @pytest.mark.parametrize("count", [3, 1 << 14, 1 << 18, 1 << 20])
-def test_every_allreduce_path_gives_the_same_bits(session, count):
+def test_every_allreduce_path_gives_the_same_bits(session, count, caplog):
     # Note [in-place robust allreduce]: out of place into the cache, in place
     # with prepare_fun, in place past the cache budget; raw MPI in place as
     # the reference. Random float32, whose sums depend on the order.
@@ -171,6 +173,18 @@ def test_every_allreduce_path_gives_the_same_bits(session, count):
         info = rabit.engine_info()
         assert (info.cache_bytes, info.cache_refused) == (mine.nbytes, 0)
         assert again.tobytes() == raw.tobytes()
+        if count == 3:
+            # A program that never checkpoints is told, once, what passing
+            # the budget means and what a checkpoint would buy.
+            rabit.finalize()
+            rabit.init(engine="robust", timeout=60, cache_budget=mine.nbytes + 1)
+            with caplog.at_level(logging.WARNING, logger="rabit_py"):
+                for _ in range(4):
+                    rabit.allreduce(mine.copy(), Op.SUM)
+            told = [r.getMessage() for r in caplog.records
+                    if "has not checkpointed since it started" in r.getMessage()]
+            assert len(told) == 1 and "at call #1 " in told[0] and \
+                "A checkpoint each iteration" in told[0], told
 
 
 def test_custom_reducer_commutative(session):
