@@ -222,8 +222,9 @@ class RobustEngine(MpiEngine):
         """Run the allreduce of ``key`` and keep its result. Reduced out of
         place into the buffer the cache keeps: an MPI call that fails half-way
         leaves ``data`` as it was, so the call can run again after a recovery,
-        and the result is copied once (Note [result cache]). The frame's call
-        number is ``key``'s."""
+        and the result is copied once (Note [result cache]); with a
+        ``prepare_fun`` or past the cache budget, in place (Note [in-place
+        robust allreduce]). The frame's call number is ``key``'s."""
         cache = self._cache
         if prepare_fun is not None or cache.refused:
             return self._execute_in_place(key, call, data, op, prepare_fun)
@@ -263,15 +264,17 @@ class RobustEngine(MpiEngine):
     # Note [in-place robust allreduce]
     # The robust allreduce reduces out of place into the cache's buffer so
     # that an interrupted call finds its input intact and can run again
-    # (Note [result cache]); on this VM Open MPI's out-of-place Allreduce
-    # costs about 1.6x its in-place one at 1-16 MiB (scripts/bench_bandwidth.py).
-    # Two cases need no intact input, and reduce in place:
+    # (Note [result cache]), then copies the result back. Open MPI's
+    # out-of-place Allreduce costs more than its in-place one on one host
+    # (raw mpi4py, 2 ranks on the development VM: 0.92 against 0.57 ms at
+    # 4 MiB). Two cases need no intact input, and reduce in place:
     # - with prepare_fun, which remakes the input before the call runs again;
-    #   the result is then copied into the cache (one copy, as before);
+    #   the result is then copied into the cache: one copy in all;
     # - past the cache budget (Note [cache budget]), where nothing is kept:
     #   a failure needs results that nobody holds anyway, so the call costs
     #   the call alone, and a failure inside it ends the job for a restart
     #   instead of running it again on a half-reduced input.
+    # Ranks may differ in taking these paths: see framed_allreduce.
 
     def _refused_allreduce(self, key: Key, call: None, data: np.ndarray, op: OpLike,
                            prepare_fun: Optional[PrepareFn], error: BaseException) -> None:
