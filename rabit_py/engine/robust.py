@@ -88,6 +88,11 @@ _NO_VERSION = int(np.iinfo(np.int64).min)
 _SERVED, _WAIT, _EXECUTE = "served", "wait", "execute"
 
 
+def _epoch_name(key: Key) -> str:
+    """The calls ``key`` belongs to, for messages: "the start-up calls" or "version N"."""
+    return "the start-up calls" if key[0] == BOOT else f"version {key[0]}"
+
+
 def _serve_array(entry: Entry, data: np.ndarray, *_: Any) -> np.ndarray:
     """A served allreduce result, copied into the caller's array."""
     np.copyto(data, entry.payload)
@@ -253,7 +258,7 @@ class RobustEngine(MpiEngine):
         except PeerFailure as exc:
             raise self.recovery.give_up(RecoveryError(
                 f"rank {self.frame.rank}: a failure interrupted call #{key[1]} of "
-                f"{'the start-up calls' if key[0] == BOOT else f'version {key[0]}'}, made "
+                f"{_epoch_name(key)}, made "
                 f"past the cache budget (RABIT_CACHE_BUDGET={self._cache.budget} bytes): its "
                 f"input was reduced in place and not kept, so it cannot run again; the job "
                 f"must restart from a durable checkpoint")) from exc
@@ -598,7 +603,7 @@ class RobustEngine(MpiEngine):
         if max_code != min_code:
             raise self.recovery.give_up(RecoveryError(
                 f"rank {self.frame.rank}: the result of call #{wanted[1]} of "
-                f"{'the start-up calls' if wanted[0] == BOOT else f'version {wanted[0]}'} "
+                f"{_epoch_name(wanted)} "
                 f"is needed but no living rank holds it{self._cache.missing_hint()}"))
         if not self._has_version and max_version == 0:
             # A replacement that caught up with the survivors before anyone took

@@ -193,6 +193,27 @@ def test_a_wedged_job_is_ended_and_restarted(tmp_path):
     assert "no rank made progress for" in out and "a wedge" in out, out
     assert out.count("SUM [2.0, 2.0]") == 2, out
 
+def failure_free_then_restarted(tmp_path, env, *args):
+    """The failure-free run's RESULTs by rank, then the exit status and output
+    of the same program (with ``args``) under ``env``, allowed one restart from
+    a durable checkpoint in ``tmp_path``."""
+    code, out = run(rabit_run(4, *PROGRAM), timeout=120, env={"RABIT_ENGINE": "robust"})
+    assert code == 0, out
+    reference = {r["rank"]: r for r in parse(out, "RESULT")}
+    cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", "4", "--max-restarts", "1",
+           "--restart-delay", "0", "--checkpoint-dir", str(tmp_path), "--", *PROGRAM, *args]
+    code, out = run(cmd, timeout=180, env={"RABIT_TIMEOUT": "60", **env})
+    return reference, code, out
+
+def assert_models_of(out, reference):
+    """Every rank reported, with the global and local models and version of ``reference``."""
+    results = {r["rank"]: r for r in parse(out, "RESULT")}
+    assert sorted(results) == [0, 1, 2, 3], out[-6000:]
+    for rank, r in results.items():
+        ref = reference[rank]
+        assert (r["model"], r["local"], r["version"]) == (ref["model"], ref["local"],
+                                                          ref["version"])
+
 def test_adjacent_ranks_lost_together_restart_from_disk(tmp_path):
     # Ranks 1 and 2 die at the same call: rank 1's only local-model replica
     # lived on rank 2, so in-job recovery is impossible; the ranks say so,
@@ -203,26 +224,15 @@ def test_adjacent_ranks_lost_together_restart_from_disk(tmp_path):
     # still be inside the first when the others saw rank 1 die, join their
     # recovery, and die only after it, with rank 1 recovered from its
     # replica: 1 run in 9 of the file under two hogs.)
-    code, out = run(rabit_run(4, *PROGRAM), timeout=120, env={"RABIT_ENGINE": "robust"})
-    assert code == 0, out
-    reference = {r["rank"]: r for r in parse(out, "RESULT")}
-    cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", "4", "--max-restarts", "1",
-           "--restart-delay", "0", "--checkpoint-dir", str(tmp_path), "--", *PROGRAM,
-           "--linger-on-error", "30"]
-    code, out = run(cmd, timeout=180, env={"RABIT_ENGINE": "mock",
-                                           "RABIT_MOCK": "1,2,0,0;2,2,0,0",
-                                           "RABIT_TIMEOUT": "60"})
+    reference, code, out = failure_free_then_restarted(
+        tmp_path, {"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,2,0,0;2,2,0,0"},
+        "--linger-on-error", "30")
     assert code == 0, out[-6000:]
     assert "local model of rank 1 at version 2 is lost" in out
     # The ranks linger 30 s after the error: the job was ended by rabit-run.
     assert "did not end within" in out, out[-6000:]
     assert "restart 1 of 1" in out
-    results = {r["rank"]: r for r in parse(out, "RESULT")}
-    assert sorted(results) == [0, 1, 2, 3], out[-6000:]
-    for rank, r in results.items():
-        ref = reference[rank]
-        assert (r["model"], r["local"], r["version"]) == (ref["model"], ref["local"],
-                                                          ref["version"])
+    assert_models_of(out, reference)
 
 def test_a_failure_inside_a_call_past_the_cache_budget_restarts_from_disk(tmp_path):
     # Note [in-place robust allreduce]: past the cache budget an allreduce
@@ -230,25 +240,15 @@ def test_a_failure_inside_a_call_past_the_cache_budget_restarts_from_disk(tmp_pa
     # cannot run again. Rank 1 dies at the start of such a call (call #1 of
     # version 2, the MAX); the survivors, inside it, end the job for a
     # restart from the durable checkpoint, which ends as the failure-free run.
-    code, out = run(rabit_run(4, *PROGRAM), timeout=120, env={"RABIT_ENGINE": "robust"})
-    assert code == 0, out
-    reference = {r["rank"]: r for r in parse(out, "RESULT")}
-    cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", "4", "--max-restarts", "1",
-           "--restart-delay", "0", "--checkpoint-dir", str(tmp_path), "--", *PROGRAM]
-    code, out = run(cmd, timeout=180, env={"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,2,1,0",
-                                           "RABIT_CACHE_BUDGET": "1", "RABIT_TIMEOUT": "60"})
+    reference, code, out = failure_free_then_restarted(
+        tmp_path, {"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,2,1,0", "RABIT_CACHE_BUDGET": "1"})
     assert code == 0, out[-6000:]
     errors = parse(out, "RECOVERY_ERROR")
     assert errors and all("made past the cache budget (RABIT_CACHE_BUDGET=1 bytes)"
                           in e["message"] and "call #1 of version 2" in e["message"]
                           for e in errors), out[-6000:]
     assert "restart 1 of 1" in out
-    results = {r["rank"]: r for r in parse(out, "RESULT")}
-    assert sorted(results) == [0, 1, 2, 3], out[-6000:]
-    for rank, r in results.items():
-        ref = reference[rank]
-        assert (r["model"], r["local"], r["version"]) == (ref["model"], ref["local"],
-                                                          ref["version"])
+    assert_models_of(out, reference)
 
 # ---------------------------------------------------------------- spare refill
 def test_a_spawn_refills_the_spares():
