@@ -63,6 +63,11 @@ class Config:
             stays in cache, Open MPI's own allreduce was as fast or faster on
             the machines measured; smaller arrays stay on MPI). Custom
             reducers take the path from 256 KiB (or this, if smaller).
+        shm_keep_min_bytes: the robust engine's: the smallest array it
+            reduces through shared memory, keeping the result where the
+            reduction wrote it instead of copying it (Note [kept results];
+            ``RABIT_SHM_KEEP_MIN_BYTES``, default 1 MiB; the smaller of this
+            and ``shm_min_bytes`` applies).
         node_size: pretend that nodes hold this many consecutive ranks, to
             exercise the hierarchical path on one machine (``RABIT_NODE_SIZE``;
             0: the real nodes).
@@ -110,6 +115,7 @@ class Config:
     max_recoveries: int = 100
     shm: bool = True
     shm_min_bytes: int = 32 << 20
+    shm_keep_min_bytes: int = 1 << 20
     node_size: int = 0
     spares: int = 0
     recovery_timeout: float = 30.0
@@ -143,6 +149,7 @@ class Config:
         if not isinstance(self.shm, bool):
             raise TypeError(f"shm={self.shm!r} must be a bool")
         for name in ("replicas", "max_recoveries", "restart_count", "shm_min_bytes",
+                     "shm_keep_min_bytes",
                      "node_size", "result_copies", "spares", "crash_loop", "cache_budget"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

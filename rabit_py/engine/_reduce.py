@@ -35,12 +35,16 @@ class HostReduce:
     """The reduction step of an allreduce on one communicator.
 
     Args:
-        config: the job's settings (``shm``, ``shm_min_bytes``, ``node_size``).
+        config: the job's settings (``shm``, ``shm_min_bytes``,
+            ``shm_keep_min_bytes``, ``node_size``).
         ulfm: whether MPI fault tolerance is on (revokes wake shared-memory waits).
         timed_out: whether the engine's watchdog fired (ends shared-memory waits).
+        keeps: the robust engine's: arrays from ``shm_keep_min_bytes`` take
+            the shared-memory path, whose result may be kept (:meth:`run_kept`).
     """
 
-    def __init__(self, config: Config, ulfm: bool, timed_out: Callable[[], bool]) -> None:
+    def __init__(self, config: Config, ulfm: bool, timed_out: Callable[[], bool],
+                 keeps: bool = False) -> None:
         self._config = config
         self._ulfm = ulfm
         self._timed_out = timed_out
@@ -51,8 +55,13 @@ class HostReduce:
         self._shm: Optional[NodeReducer] = None
         # The smallest array that may take shared memory (custom reducers go
         # there from less): one comparison on the hot path decides the rest.
-        self._shm_from = (max(1, min(config.shm_min_bytes, _SHM_CUSTOM_MIN_BYTES))
+        self._min_bytes = (min(config.shm_min_bytes, config.shm_keep_min_bytes) if keeps
+                           else config.shm_min_bytes)
+        self._shm_from = (max(1, min(self._min_bytes, _SHM_CUSTOM_MIN_BYTES))
                           if config.shm and SHM_SUPPORTED else float("inf"))
+        #: The smallest array whose result :meth:`run_kept` may keep.
+        self.kept_from = (max(1, self._min_bytes) if keeps and config.shm and SHM_SUPPORTED
+                          else float("inf"))
 
     def use(self, comm: Any) -> None:
         """Reduce on ``comm`` from now on (a new or repaired communicator);
@@ -92,10 +101,36 @@ class HostReduce:
         else:
             _allreduce_custom(target, op, self._comm)   # type: ignore[arg-type]
 
+    def run_kept(self, data: np.ndarray, op: OpLike) -> Optional[np.ndarray]:
+        """Reduce ``data`` into an area of the node's shared memory, leaving
+        ``data`` as it is, and return the result there (read-only, ``data``'s
+        shape; Note [kept results] in ``_shm.py``); or None, having done
+        nothing, where this call does not take that path (too small, a custom
+        reducer, a node that cannot share areas): then :meth:`run` does it.
+        Raises ``MPI.Exception``."""
+        if (data.nbytes < self.kept_from or self._size == 1 or isinstance(op, CustomOp)
+                or not self._wants_shm(data, op)):
+            return None
+        reducer = self._shm
+        assert reducer is not None
+        if not reducer.keeps:
+            return None
+        return self._reduce_to_area(reducer, data, op).reshape(data.shape)
+
+    def _reduce_to_area(self, reducer: NodeReducer, data: np.ndarray, op: OpLike) -> np.ndarray:
+        table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
+        try:
+            return reducer.reduce_to_area(
+                data.reshape(-1), OPS[op].ufunc,
+                lambda leaders, whole: leaders.Allreduce(MPI.IN_PLACE, whole, op=table[op]))
+        except MPI.Exception:
+            self._lost(reducer)
+            raise
+
     def _wants_shm(self, data: np.ndarray, op: OpLike) -> bool:
         """Whether this call takes the shared-memory path (collective the
         first time: the groups are agreed and the reducer is built)."""
-        threshold = self._config.shm_min_bytes
+        threshold = self._min_bytes
         if isinstance(op, CustomOp):
             threshold = min(threshold, _SHM_CUSTOM_MIN_BYTES)
         if not self._config.shm or not SHM_SUPPORTED or data.nbytes < max(1, threshold):
@@ -127,23 +162,30 @@ class HostReduce:
         """``data`` is C-contiguous: check_allreduce refuses anything else."""
         reducer = self._shm
         assert reducer is not None
+        if reducer.keeps and self.kept_from <= data.nbytes and not isinstance(op, CustomOp):
+            # A reducer that keeps results runs one protocol for every call.
+            np.copyto(data, self._reduce_to_area(reducer, data, op))
+            return
         try:
             if isinstance(op, CustomOp):
                 reducer.allreduce_custom(
-                    data, op.fn, lambda leaders: _allreduce_custom(data, op, leaders))
+                    data, op.fn, lambda leaders, flat: _allreduce_custom(data, op, leaders))
             else:
                 table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
                 reducer.allreduce(data.reshape(-1), OPS[op].ufunc,
-                                  lambda leaders: leaders.Allreduce(MPI.IN_PLACE, data,
-                                                                    op=table[op]))
+                                  lambda leaders, flat: leaders.Allreduce(MPI.IN_PLACE, flat,
+                                                                          op=table[op]))
         except MPI.Exception:
-            # Peers on other nodes may wait in the leaders' or a node's
-            # collective, which only a revoke interrupts; the reducer is
-            # rebuilt on the repaired communicator.
-            if self._ulfm:
-                reducer.revoke()
-            self._shm = None
+            self._lost(reducer)
             raise
+
+    def _lost(self, reducer: NodeReducer) -> None:
+        """After an MPI error in ``reducer``: peers on other nodes may wait
+        in the leaders' or a node's collective, which only a revoke
+        interrupts; the reducer is rebuilt on the repaired communicator."""
+        if self._ulfm:
+            reducer.revoke()
+        self._shm = None
 
     def _interrupted(self) -> Optional[int]:
         """For the shared-memory waits: the MPI error class to leave with."""

@@ -59,6 +59,35 @@ order. Across groups the leaders' MPI allreduce depends on the group count
 and rank numbers only (with Open MPI's HAN off: rabit-run turns it off on
 several hosts).
 
+# Note [kept results]
+The robust engine keeps every allreduce result for replay (Note [result
+cache]), and must be able to run a call again after a failure interrupted
+it, so the caller's input has to stay intact until the result is complete.
+Through the paths above that costs a copy of the input and a copy of the
+result per rank, which made the robust allreduce 0.4-0.5x raw MPI's speed
+at 1-16 MiB on two ranks. ``reduce_to_area`` makes the copy that the
+algorithm writes anyway the kept one: each rank reduces its part of each
+chunk (the general variant's ownership, operands in rank order) into a
+whole-array *area* shared by the node, reading the others' parts from
+alternating slot buffers; the caller's input is only read. When every
+``out`` flag of the last chunk is up the area holds the node's sum (across
+nodes: node rank 0 then allreduces it over the leaders, in place, and raises
+its ``done`` flag); the caller copies it into its array and keeps the area
+itself as the cached result: one area per node serves every rank on it, a
+survivor still maps it after a node peer died, and a call interrupted before
+the end finds its input intact.
+
+Areas are anonymous memory files (``memfd``), made by node rank 0, which
+announces the area of each call in its control line before raising its first
+``in`` flag; the others open it through ``/proc/<pid>/fd`` and map it (so
+nothing is ever left in ``/dev/shm``), and rank 0 closes its descriptor once
+every ``out`` flag of the call is up. An area starts with one hold line per
+node rank: rank 0 sets them all when it hands the area out, and each rank
+clears its own when the cached view dies (``weakref.finalize``), so rank 0
+reuses an area (smallest that fits) only when no rank holds it any more, and
+makes a new one otherwise. After a failure the reducer is rebuilt; the old
+areas live as long as some cached view maps them.
+
 Waiting is spinning on the flags (yielding the CPU after a few hundred
 reads, so oversubscribed ranks still progress). A rank that dies while its
 peers wait must not leave them spinning: every few milliseconds the waiters
@@ -77,7 +106,8 @@ import os
 import platform
 import tempfile
 import time
-from typing import Any, Callable, List, Optional, Sequence
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 from mpi4py.util.dtlib import from_numpy_dtype
@@ -89,10 +119,11 @@ from . import _control as control
 __all__ = ["NodeReducer", "SUPPORTED", "host_groups"]
 
 _LINE = 64                              # bytes per flag (one cache line each)
-_FLAG_BYTES = 2 * _LINE                 # "in" and "out" flags of one rank
+_FLAG_BYTES = 3 * _LINE                 # "in" and "out" flags, control line of one rank
 _SPINS_BEFORE_YIELD = 200
 _DIRECT_MAX_RANKS = 2            # up to this many ranks per node: the direct variant
 _CHECK_EVERY_S = 0.005
+_PAGE = mmap.PAGESIZE
 #: The flags rely on x86's store order (Note [shm allreduce]).
 SUPPORTED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 _SEGMENT_IDS = itertools.count()
@@ -148,8 +179,13 @@ class NodeReducer:
         self._seq = 0
         self._capacity = 0
         self._map: Optional[mmap.mmap] = None
+        # Note [kept results]: this rank's mappings of the node's areas.
+        self._areas: Dict[int, _Area] = {}
+        self._area_ids = itertools.count()
         if self.colocated:
             self._allocate(0)
+        #: Whether :meth:`reduce_to_area` can run (Note [kept results]).
+        self.keeps = self.colocated and self.node_size > 1 and self._areas_open()
 
     def _shares_one_host(self) -> bool:
         """Whether this rank shares a host with every rank of its group
@@ -158,6 +194,27 @@ class NodeReducer:
         together = shared.Get_size() == self.node_size
         shared.Free()
         return together
+
+    def _areas_open(self) -> bool:
+        """Whether every node rank can open an area that node rank 0 made
+        (Note [kept results]; collective on the node)."""
+        fd = -1
+        if self.node_rank == 0 and hasattr(os, "memfd_create"):
+            try:
+                fd = os.memfd_create("rabit_py-probe", os.MFD_CLOEXEC)
+            except OSError:
+                fd = -1
+        fd = control.bcast(self.node, fd, 0, "shm.probe")
+        ok = fd >= 0
+        if ok and self.node_rank != 0:
+            try:
+                os.close(os.open(f"/proc/{self.pids[0]}/fd/{fd}", os.O_RDWR))
+            except OSError:
+                ok = False
+        ok = bool(control.reduce_int(self.node, int(ok), MPI.MIN))
+        if self.node_rank == 0 and fd >= 0:
+            os.close(fd)
+        return ok
 
     # ------------------------------------------------------------ segment
     def _allocate(self, custom_bytes: int) -> None:
@@ -199,6 +256,8 @@ class NodeReducer:
         segments = [whole[q * per_rank:(q + 1) * per_rank] for q in range(self.node_size)]
         self._in = [s[:8].view(np.int64) for s in segments]
         self._out = [s[_LINE:_LINE + 8].view(np.int64) for s in segments]
+        # Note [kept results]: the area of the call, its descriptor, "done".
+        self._ctl = [s[2 * _LINE:2 * _LINE + 24].view(np.int64) for s in segments]
         start = _FLAG_BYTES
         self._slot = [s[start:start + self.chunk] for s in segments]
         self._result = [s[start + self.chunk:start + 2 * self.chunk] for s in segments]
@@ -207,7 +266,7 @@ class NodeReducer:
         self._seq = 0                    # new segments start with every flag at 0
 
     def _release(self) -> None:
-        self._in = self._out = self._slot = self._result = self._custom = []
+        self._in = self._out = self._ctl = self._slot = self._result = self._custom = []
         try:
             self._map.close()
         except BufferError:              # a view is still alive somewhere: leave it mapped
@@ -218,6 +277,7 @@ class NodeReducer:
         """Unmap the segments and free the communicators (collective on the node)."""
         if self._map is not None:
             self._release()
+        self._areas = {}
         for comm in (self.node, self.leaders):
             if comm is not None:
                 comm.Free()
@@ -238,10 +298,10 @@ class NodeReducer:
 
     # ------------------------------------------------------------ collectives
     def allreduce(self, flat: np.ndarray, ufunc: Any,
-                  leaders_allreduce: Callable[[Any], None]) -> None:
+                  leaders_allreduce: Callable[[Any, np.ndarray], None]) -> None:
         """Reduce the 1-D contiguous ``flat`` in place over the communicator:
         ``ufunc`` (a NumPy binary ufunc) on the node, then
-        ``leaders_allreduce(leaders_comm)`` among the node leaders (MPI).
+        ``leaders_allreduce(leaders_comm, flat)`` among the node leaders (MPI).
 
         Raises:
             MPI.Exception: a node peer died (``ERR_PROC_FAILED``), the wait
@@ -259,7 +319,7 @@ class NodeReducer:
         self._check_revoked()
 
     def allreduce_custom(self, data: np.ndarray, fn: Callable[[np.ndarray, np.ndarray], Any],
-                         leaders_allreduce: Callable[[Any], None]) -> None:
+                         leaders_allreduce: Callable[[Any, np.ndarray], None]) -> None:
         """Reduce the contiguous ``data`` in place with ``fn(lower_rank_value,
         higher_rank_value)`` called on whole arrays (Note [shm allreduce]).
 
@@ -307,14 +367,133 @@ class NodeReducer:
         self._across_nodes(data.reshape(-1), leaders_allreduce)
         self._check_revoked()
 
-    def _across_nodes(self, flat: np.ndarray, leaders_allreduce: Callable[[Any], None]) -> None:
+    def _across_nodes(self, flat: np.ndarray,
+                      leaders_allreduce: Callable[[Any, np.ndarray], None]) -> None:
         if self.nodes == 1:
             return
         if self.leaders is not None:
-            leaders_allreduce(self.leaders)
+            leaders_allreduce(self.leaders, flat)
             self._check_revoked()       # before the node is given the leaders' result
         if self.node_size > 1:
             self.node.Bcast(flat, root=0)
+
+    def reduce_to_area(self, flat: np.ndarray, ufunc: Any,
+                       leaders_allreduce: Callable[[Any, np.ndarray], None]) -> np.ndarray:
+        """Reduce the 1-D contiguous, non-empty ``flat`` over the communicator
+        into an area shared by the node, leaving ``flat`` as it is (Note
+        [kept results]; only where :attr:`keeps`).
+
+        Returns:
+            The result: a read-only view of the area, which stays the
+            node's until the last view of it (and of arrays made from it) dies.
+
+        Raises:
+            MPI.Exception: as :meth:`allreduce`.
+        """
+        size, me = self.node_size, self.node_rank
+        item, dtype = flat.itemsize, flat.dtype
+        per = self.chunk // item
+        buffers = (self._slot, self._result)
+        area = self._hand_out(flat.nbytes) if me == 0 else None
+        with np.errstate(all="ignore"):
+            for start in range(0, flat.size, per):
+                stop = min(flat.size, start + per)
+                m = stop - start
+                bounds = [m * q // size for q in range(size + 1)]
+                lo, hi = bounds[me], bounds[me + 1]
+                self._seq += 1
+                seq = self._seq
+                # Alternating buffers: every rank raised its "in" flag of the
+                # previous chunk (waited for there), so it has read this
+                # buffer's chunk before it (as in the direct variant).
+                current = buffers[seq & 1]
+                slot = current[me][:m * item].view(dtype)
+                if lo > 0:
+                    np.copyto(slot[:lo], flat[start:start + lo])
+                if hi < m:
+                    np.copyto(slot[hi:], flat[start + hi:stop])
+                self._raise(self._in, seq)
+                self._wait(self._in, seq)
+                if area is None:
+                    area = self._opened(int(self._ctl[0][0]), int(self._ctl[0][1]))
+                result = area.data[(start + lo) * item:(start + hi) * item].view(dtype)
+                parts = [flat[start + lo:start + hi] if q == me
+                         else current[q][:m * item].view(dtype)[lo:hi] for q in range(size)]
+                ufunc(parts[0], parts[1], out=result)
+                for q in range(2, size):
+                    ufunc(result, parts[q], out=result)
+                self._raise(self._out, seq)
+        assert area is not None, "reduce_to_area needs a non-empty array"
+        last = self._seq
+        self._wait(self._out, last)     # the node's sum is whole; every rank mapped the area
+        if me == 0 and area.fd >= 0:
+            os.close(area.fd)
+            area.fd = -1
+        whole = area.data[:flat.nbytes].view(dtype)
+        if self.nodes > 1:
+            if self.leaders is not None:
+                leaders_allreduce(self.leaders, whole)
+                self._check_revoked()   # before the node is given the leaders' result
+                self._ctl[0][2] = last
+            else:
+                self._wait_one(self._ctl[0][2:], last, 0)
+        self._check_revoked()
+        # An array of its own over the mapping, not a view of ``area.data``:
+        # NumPy points every view made from it (a reshape, a slice) at it, so
+        # it lives, and the area stays held, as long as any of them does.
+        view = np.frombuffer(area.map, dtype=dtype, count=flat.size, offset=area.header)
+        view.flags.writeable = False
+        weakref.finalize(view, _let_go, area.holds[me])
+        return view
+
+    def _hand_out(self, nbytes: int) -> "_Area":
+        """Node rank 0: the smallest area of ``nbytes`` that no rank holds,
+        or a new one, held by every rank and announced in the control line."""
+        best: Optional[_Area] = None
+        for area in self._areas.values():
+            if area.capacity >= nbytes and (best is None or area.capacity < best.capacity) \
+                    and not any(hold[0] for hold in area.holds):
+                best = area
+        if best is None:
+            best = self._new_area(nbytes)
+        for hold in best.holds:
+            hold[0] = 1
+        ctl = self._ctl[0]
+        ctl[0] = best.index
+        ctl[1] = best.fd
+        return best
+
+    def _new_area(self, nbytes: int) -> "_Area":
+        header = -(-self.node_size * _LINE // _PAGE) * _PAGE
+        capacity = -(-nbytes // _PAGE) * _PAGE
+        index = next(self._area_ids)
+        fd = os.memfd_create(f"rabit_py-area-{index}", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, header + capacity)
+            area = _Area(index, fd, mmap.mmap(fd, header + capacity), header, self.node_size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._areas[index] = area
+        return area
+
+    def _opened(self, index: int, fd: int) -> "_Area":
+        """A node rank other than 0: the area ``index`` that rank 0 announced,
+        mapped from its descriptor the first time."""
+        area = self._areas.get(index)
+        if area is None:
+            try:
+                mine = os.open(f"/proc/{self.pids[0]}/fd/{fd}", os.O_RDWR)
+            except OSError:             # node rank 0 died since it announced the area
+                raise MPI.Exception(ERR_PROC_FAILED) from None
+            try:
+                length = os.fstat(mine).st_size
+                header = -(-self.node_size * _LINE // _PAGE) * _PAGE
+                area = _Area(index, -1, mmap.mmap(mine, length), header, self.node_size)
+            finally:
+                os.close(mine)
+            self._areas[index] = area
+        return area
 
     def _check_revoked(self) -> None:
         """Note [revoked success] in ``_frame.py``, for the node and leaders
@@ -417,18 +596,21 @@ class NodeReducer:
         """Until every node rank's flag reached ``seq``; checks peers and the
         engine every few milliseconds."""
         for q in range(self.node_size):
-            flag = flags[q]
-            spins = 0
-            checked = time.monotonic()
-            while flag[0] < seq:
-                spins += 1
-                if spins < _SPINS_BEFORE_YIELD:
-                    continue
-                os.sched_yield()
-                now = time.monotonic()
-                if now - checked > _CHECK_EVERY_S:
-                    checked = now
-                    self._check_alive(q)
+            self._wait_one(flags[q], seq, q)
+
+    def _wait_one(self, flag: np.ndarray, seq: int, q: int) -> None:
+        """Until ``flag[0]``, node rank ``q``'s, reached ``seq``."""
+        spins = 0
+        checked = time.monotonic()
+        while flag[0] < seq:
+            spins += 1
+            if spins < _SPINS_BEFORE_YIELD:
+                continue
+            os.sched_yield()
+            now = time.monotonic()
+            if now - checked > _CHECK_EVERY_S:
+                checked = now
+                self._check_alive(q)
 
     def _check_alive(self, waited_for: int) -> None:
         error_class = self._interrupted()
@@ -437,3 +619,23 @@ class NodeReducer:
         for q, pid in enumerate(self.pids):
             if q != self.node_rank and not process_alive(pid):
                 raise MPI.Exception(ERR_PROC_FAILED)
+
+
+class _Area:
+    """One rank's mapping of a node's result area (Note [kept results]): a
+    hold line per node rank, then the data from a page boundary."""
+
+    __slots__ = ("index", "fd", "map", "header", "holds", "data", "capacity")
+
+    def __init__(self, index: int, fd: int, mapped: mmap.mmap, header: int,
+                 node_size: int) -> None:
+        self.index, self.fd, self.map, self.header = index, fd, mapped, header
+        whole = np.frombuffer(mapped, dtype=np.uint8)
+        self.holds = [whole[q * _LINE:q * _LINE + 8].view(np.int64) for q in range(node_size)]
+        self.data = whole[header:]
+        self.capacity = self.data.nbytes
+
+
+def _let_go(hold: np.ndarray) -> None:
+    """A rank's last view of an area died: the area is no longer its."""
+    hold[0] = 0

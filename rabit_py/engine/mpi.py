@@ -108,7 +108,7 @@ class MpiEngine(Engine, Transport):
         self._config = config
         #: the call frame every collective goes through, and the state it keeps
         self.frame = frame = CallFrame(config, ulfm_enabled(), recovers)
-        self._reduce = HostReduce(config, frame.ulfm, lambda: frame.timed_out)
+        self._reduce = HostReduce(config, frame.ulfm, lambda: frame.timed_out, keeps=recovers)
         rank = base.Get_rank()
         # Dup is collective: a rank that never calls init() would hang it.
         with deadline(config.timeout if base.Get_size() > 1 else 0,
@@ -340,7 +340,7 @@ class MpiEngine(Engine, Transport):
 
     def framed_allreduce(self, data: np.ndarray, op: OpLike, prepare_fun: Optional[PrepareFn],
                          error: Optional[BaseException], out: Optional[np.ndarray] = None,
-                         call: Optional[Call] = None) -> np.ndarray:
+                         call: Optional[Call] = None, keep: bool = False) -> np.ndarray:
         """The framed allreduce of ``data`` (``error``: the input check's
         refusal). With ``out`` (C-contiguous, ``data``'s shape and dtype) the
         result goes there and ``data`` keeps what it holds after
@@ -350,7 +350,10 @@ class MpiEngine(Engine, Transport):
         send buffer into the receive buffer before its algorithm runs, so
         MPI_IN_PLACE on some ranks only gives the same bits (tested).
         ``call``: the call's description, if the caller made it already
-        (:func:`allreduce_call`). Returns where the result is."""
+        (:func:`allreduce_call`). ``keep``: the result may stay where the
+        shared-memory path put it, a read-only array to keep (Note [kept
+        results] in ``_shm.py``), and ``data`` keeps what it holds.
+        Returns where the result is."""
         frame = self.frame
         if call is None and error is None and frame.check:
             call = (op, data.dtype, data.shape, None)       # allreduce_call, inlined
@@ -358,7 +361,12 @@ class MpiEngine(Engine, Transport):
         try:
             if prepare_fun is not None:
                 prepare_fun(data)
-            self._reduce.run(data, op, out)
+            reduce = self._reduce
+            if keep and data.nbytes >= reduce.kept_from:
+                kept = reduce.run_kept(data, op)
+                if kept is not None:
+                    return kept
+            reduce.run(data, op, out)
         except MPI.Exception as exc:
             raise frame.failure(exc) from exc
         finally:

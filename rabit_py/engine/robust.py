@@ -234,10 +234,14 @@ class RobustEngine(MpiEngine):
         if prepare_fun is not None or cache.refused:
             return self._execute_in_place(key, call, data, op, prepare_fun)
         out = cache.buffer_like(data)
-        self.framed_allreduce(data, op, prepare_fun, None, out, call)
+        result = self.framed_allreduce(data, op, prepare_fun, None, out, call, True)
         self.frame.check_revoked()
-        np.copyto(data, out)
-        cache.put_owned(key, Kind.ALLREDUCE, call, out)
+        np.copyto(data, result)
+        if result is out:
+            cache.put_owned(key, Kind.ALLREDUCE, call, out)
+        else:                           # Note [kept results] in _shm.py
+            cache.give_back(out)
+            cache.put_kept(key, Kind.ALLREDUCE, call, result)
         self._thin(key)
         return data
 
@@ -247,9 +251,13 @@ class RobustEngine(MpiEngine):
         allreduce]): with ``prepare_fun``, then its result copied into the
         cache; past the cache budget without it, kept nowhere."""
         if prepare_fun is not None:
-            self.framed_allreduce(data, op, prepare_fun, None, None, call)
+            result = self.framed_allreduce(data, op, prepare_fun, None, None, call, True)
             self.frame.check_revoked()
-            self._cache.put_array(key, Kind.ALLREDUCE, call, data)
+            if result is data:
+                self._cache.put_array(key, Kind.ALLREDUCE, call, data)
+            else:                       # Note [kept results] in _shm.py
+                np.copyto(data, result)
+                self._cache.put_kept(key, Kind.ALLREDUCE, call, result)
             self._thin(key)
             return data
         try:

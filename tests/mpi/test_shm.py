@@ -197,17 +197,32 @@ def test_a_group_split_across_hosts_gives_the_same_bits(groups):
     local, split, comms = _reducers(groups)
     try:
         assert local.colocated and (split.colocated == (split.node_size == 1))
+        assert local.keeps == (local.node_size > 1) and not split.keeps
         assert (local.nodes, local.max_node_size) == (split.nodes, split.max_node_size)
         shape = (3, 40_001)
         for op, dtype in CASES:
             results = []
+            table = _BOOL_OPS if np.dtype(dtype).kind == "b" else _MPI_OPS
+
+            def leaders_allreduce(leaders, flat):
+                leaders.Allreduce(MPI.IN_PLACE, flat, op=table[op])
+
             for reducer in (local, split):
                 data = rank_input(RANK, dtype, op, shape).reshape(-1)
-                table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
-                reducer.allreduce(data, OPS[op].ufunc, lambda leaders, data=data: leaders.Allreduce(
-                    MPI.IN_PLACE, data, op=table[op]))
+                reducer.allreduce(data, OPS[op].ufunc, leaders_allreduce)
                 results.append(data.tobytes())
-            assert results[0] == results[1], (op, dtype, groups)
+            # Note [kept results]: the robust engine's protocol, input untouched
+            # (a node of one rank runs the plain one: the leaders' step is one)
+            data = rank_input(RANK, dtype, op, shape).reshape(-1)
+            if local.keeps:
+                kept = local.reduce_to_area(data, OPS[op].ufunc, leaders_allreduce)
+                assert data.tobytes() == rank_input(RANK, dtype, op, shape).tobytes()
+                results.append(kept.tobytes())
+                del kept
+            else:
+                local.allreduce(data, OPS[op].ufunc, leaders_allreduce)
+                results.append(data.tobytes())
+            assert results[0] == results[1] == results[2], (op, dtype, groups)
 
         def first_nonzero(a, b):
             return np.where(a != 0, a, b)
@@ -216,7 +231,7 @@ def test_a_group_split_across_hosts_gives_the_same_bits(groups):
         for reducer in (local, split):
             data = np.zeros((40, 70))
             data[RANK::SIZE] = RANK + 1
-            reducer.allreduce_custom(data, first_nonzero, lambda leaders: None)
+            reducer.allreduce_custom(data, first_nonzero, lambda leaders, flat: None)
             results.append(data.copy())
         if local.nodes == 1:
             want = np.zeros((40, 70))

@@ -142,6 +142,17 @@ class ResultCache:
         self._entries[key] = entry
         self.nbytes += nbytes
 
+    def put_kept(self, key: Key, kind: int, signature: tuple, result: np.ndarray) -> None:
+        """Keep the read-only ``result`` as it is (an area of the node's
+        shared memory: Note [kept results] in ``_shm.py``); if it does not
+        fit, let it go."""
+        if self.fits(result.nbytes):
+            self._put(key, Entry(kind, signature, result))
+
+    def give_back(self, buffer: np.ndarray) -> None:
+        """Take back an unused array of :meth:`buffer_like` for reuse."""
+        self._recycle(_new_entry(Entry, (0, (), buffer, False)))
+
     def put_bytes(self, key: Key, kind: int, signature: tuple, payload: bytes) -> None:
         """Keep immutable bytes as they are."""
         if self.fits(len(payload)):

@@ -1,0 +1,114 @@
+"""The robust engine's kept results (Note [kept results] in
+rabit_py/engine/_shm.py) on every rank: from ``shm_keep_min_bytes`` an
+allreduce's result is kept where the shared-memory reduction wrote it, one
+area per node, read-only, reused once every rank let go of it; ranks that
+take different paths in one call (``prepare_fun``, past the cache budget)
+run one protocol and get the same bits."""
+
+import numpy as np
+import pytest
+
+import rabit_py as rabit
+from rabit_py import Op
+
+from .conftest import WORLD, needs_ranks
+
+SIZE = WORLD.Get_size()
+RANK = WORLD.Get_rank()
+COUNT = 1 << 18                 # float32: 1 MiB, the default shm_keep_min_bytes
+
+
+def rank_order_sum(mine: np.ndarray) -> np.ndarray:
+    """Every rank's ``mine`` summed in rank order (the shared-memory bits)."""
+    everyone = WORLD.allgather(mine)
+    total = everyone[0].copy()
+    for other in everyone[1:]:
+        total += other
+    return total
+
+
+def my_input(*seed: int) -> np.ndarray:
+    return np.random.default_rng([RANK, *seed]).normal(size=COUNT).astype(np.float32)
+
+
+@needs_ranks(2)
+def test_results_are_kept_in_one_area_per_node_reused_across_versions():
+    rabit.init(engine="robust", timeout=60)
+    try:
+        engine = rabit.api._engine
+        rabit.load_checkpoint()         # (calls before it are kept for the whole job)
+        for version in range(6):
+            for call in range(2):
+                mine = my_input(version, call)
+                data = mine.copy()
+                rabit.allreduce(data, Op.SUM)
+                assert data.tobytes() == rank_order_sum(mine).tobytes()
+                kept = engine._cache.get((engine._epoch, engine.frame.seqno - 1)).payload
+                # the cache holds the node's area itself: the same bytes, read-only
+                assert not kept.flags.writeable and not kept.flags.owndata
+                assert kept.tobytes() == data.tobytes()
+                with pytest.raises(ValueError, match="read-only"):
+                    kept[0] = 1.0
+                del kept
+            rabit.lazy_checkpoint(data)
+        reducer = engine._reduce._shm
+        assert reducer is not None and reducer.keeps
+        # Two results per version, let go at the next checkpoint: the areas
+        # of a version are reused by the versions after it.
+        assert 2 <= len(reducer._areas) <= 4, sorted(reducer._areas)
+        # An area is held by every node rank while their caches keep it.
+        kept = [e for e in engine._cache._entries.values()
+                if isinstance(e.payload, np.ndarray) and not e.payload.flags.writeable]
+        WORLD.Barrier()
+        holds = sorted(sum(int(hold[0]) for hold in area.holds)
+                       for area in reducer._areas.values())
+        assert holds == [0] * (len(holds) - len(kept)) + [reducer.node_size] * len(kept)
+        del kept
+        engine._cache.drop_epochs_before(engine._epoch + 1)     # what a checkpoint does
+        WORLD.Barrier()
+        holds = [[int(hold[0]) for hold in area.holds] for area in reducer._areas.values()]
+        assert all(h == [0] * reducer.node_size for h in holds), holds
+    finally:
+        rabit.finalize()
+
+
+@needs_ranks(2)
+def test_ranks_on_different_paths_in_one_call_get_the_same_bits():
+    # rank 0 with prepare_fun, the last rank past its cache budget (as on a
+    # host with less memory: settings must match, so set after init), any
+    # others by default: one shared-memory protocol, one result.
+    last = SIZE - 1
+    rabit.init(engine="robust", timeout=60)
+    try:
+        rabit.checkpoint(None)
+        if RANK == last:
+            rabit.api._engine._cache.budget = 1
+        mine = my_input(99)
+        if RANK == 0:
+            got = rabit.allreduce(np.zeros_like(mine), Op.SUM,
+                                  prepare_fun=lambda buf: np.copyto(buf, mine))
+        else:
+            got = rabit.allreduce(mine.copy(), Op.SUM)
+        assert got.tobytes() == rank_order_sum(mine).tobytes()
+        info = rabit.engine_info()
+        assert info.cache_refused == (1 if RANK == last else 0)
+        assert info.cache_bytes == (0 if RANK == last else mine.nbytes)
+    finally:
+        rabit.finalize()
+
+
+@needs_ranks(2)
+def test_below_the_threshold_and_with_shm_off_results_are_private_copies():
+    for settings in ({"shm_keep_min_bytes": COUNT * 4 + 1}, {"shm": False}):
+        rabit.init(engine="robust", timeout=60, **settings)
+        try:
+            engine = rabit.api._engine
+            mine = my_input(7)
+            data = mine.copy()
+            rabit.allreduce(data, Op.SUM)
+            kept = engine._cache.get((engine._epoch, engine.frame.seqno - 1)).payload
+            assert kept.flags.writeable and kept.flags.owndata, settings
+            assert kept.tobytes() == data.tobytes()
+            assert engine._reduce._shm is None, settings
+        finally:
+            rabit.finalize()
