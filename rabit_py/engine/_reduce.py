@@ -117,12 +117,14 @@ class HostReduce:
             return None
         return self._reduce_to_area(reducer, data, op).reshape(data.shape)
 
-    def _reduce_to_area(self, reducer: NodeReducer, data: np.ndarray, op: OpLike) -> np.ndarray:
+    def _reduce_to_area(self, reducer: NodeReducer, data: np.ndarray, op: OpLike,
+                        in_place: bool = False) -> np.ndarray:
         table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
         try:
             return reducer.reduce_to_area(
                 data.reshape(-1), OPS[op].ufunc,
-                lambda leaders, whole: leaders.Allreduce(MPI.IN_PLACE, whole, op=table[op]))
+                lambda leaders, whole: leaders.Allreduce(MPI.IN_PLACE, whole, op=table[op]),
+                in_place)
         except MPI.Exception:
             self._lost(reducer)
             raise
@@ -164,7 +166,7 @@ class HostReduce:
         assert reducer is not None
         if reducer.keeps and self.kept_from <= data.nbytes and not isinstance(op, CustomOp):
             # A reducer that keeps results runs one protocol for every call.
-            np.copyto(data, self._reduce_to_area(reducer, data, op))
+            self._reduce_to_area(reducer, data, op, in_place=True)
             return
         try:
             if isinstance(op, CustomOp):

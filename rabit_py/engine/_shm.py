@@ -378,10 +378,15 @@ class NodeReducer:
             self.node.Bcast(flat, root=0)
 
     def reduce_to_area(self, flat: np.ndarray, ufunc: Any,
-                       leaders_allreduce: Callable[[Any, np.ndarray], None]) -> np.ndarray:
+                       leaders_allreduce: Callable[[Any, np.ndarray], None],
+                       in_place: bool = False) -> np.ndarray:
         """Reduce the 1-D contiguous, non-empty ``flat`` over the communicator
         into an area shared by the node, leaving ``flat`` as it is (Note
-        [kept results]; only where :attr:`keeps`).
+        [kept results]; only where :attr:`keeps`). ``in_place``: write the
+        result into ``flat`` too, each chunk as soon as every node rank
+        reduced it where the node is the whole communicator (the input is
+        not needed again: the caller can remake it or will not run the call
+        again), else at the end.
 
         Returns:
             The result: a read-only view of the area, which stays the
@@ -395,6 +400,9 @@ class NodeReducer:
         per = self.chunk // item
         buffers = (self._slot, self._result)
         area = self._hand_out(flat.nbytes) if me == 0 else None
+        # Chunk by chunk while the chunk is still in cache; across nodes
+        # the node's sum is not the result yet.
+        chunked = in_place and self.nodes == 1
         with np.errstate(all="ignore"):
             for start in range(0, flat.size, per):
                 stop = min(flat.size, start + per)
@@ -423,6 +431,10 @@ class NodeReducer:
                 for q in range(2, size):
                     ufunc(result, parts[q], out=result)
                 self._raise(self._out, seq)
+                if chunked:
+                    self._wait(self._out, seq)
+                    np.copyto(flat[start:stop],
+                              area.data[start * item:stop * item].view(dtype))
         assert area is not None, "reduce_to_area needs a non-empty array"
         last = self._seq
         self._wait(self._out, last)     # the node's sum is whole; every rank mapped the area
@@ -442,6 +454,8 @@ class NodeReducer:
         # NumPy points every view made from it (a reshape, a slice) at it, so
         # it lives, and the area stays held, as long as any of them does.
         view = np.frombuffer(area.map, dtype=dtype, count=flat.size, offset=area.header)
+        if in_place and not chunked:
+            np.copyto(flat, view)
         view.flags.writeable = False
         weakref.finalize(view, _let_go, area.holds[me])
         return view
