@@ -182,6 +182,7 @@ class NodeReducer:
         # Note [kept results]: this rank's mappings of the node's areas.
         self._areas: Dict[int, _Area] = {}
         self._area_ids = itertools.count()
+        self._let_go_by_me: List[_Area] = []       # node rank 0's candidates for reuse
         if self.colocated:
             self._allocate(0)
         #: Whether :meth:`reduce_to_area` can run (Note [kept results]).
@@ -278,6 +279,7 @@ class NodeReducer:
         if self._map is not None:
             self._release()
         self._areas = {}
+        self._let_go_by_me = []
         for comm in (self.node, self.leaders):
             if comm is not None:
                 comm.Free()
@@ -457,19 +459,24 @@ class NodeReducer:
         if in_place and not chunked:
             np.copyto(flat, view)
         view.flags.writeable = False
-        weakref.finalize(view, _let_go, area.holds[me])
+        weakref.finalize(view, _let_go, area.holds[me], self._let_go_by_me if me == 0 else None,
+                         area)
         return view
 
     def _hand_out(self, nbytes: int) -> "_Area":
         """Node rank 0: the smallest area of ``nbytes`` that no rank holds,
-        or a new one, held by every rank and announced in the control line."""
+        or a new one, held by every rank and announced in the control line.
+        Only areas that rank 0 let go of are looked at (a program that never
+        checkpoints holds hundreds)."""
         best: Optional[_Area] = None
-        for area in self._areas.values():
+        for area in self._let_go_by_me:
             if area.capacity >= nbytes and (best is None or area.capacity < best.capacity) \
                     and not any(hold[0] for hold in area.holds):
                 best = area
         if best is None:
             best = self._new_area(nbytes)
+        else:
+            self._let_go_by_me.remove(best)
         for hold in best.holds:
             hold[0] = 1
         ctl = self._ctl[0]
@@ -650,6 +657,9 @@ class _Area:
         self.capacity = self.data.nbytes
 
 
-def _let_go(hold: np.ndarray) -> None:
-    """A rank's last view of an area died: the area is no longer its."""
+def _let_go(hold: np.ndarray, let_go_by_me: Optional[List[_Area]], area: _Area) -> None:
+    """A rank's last view of an area died: the area is no longer its (node
+    rank 0 also lists it, to look at when it hands out the next one)."""
     hold[0] = 0
+    if let_go_by_me is not None:
+        let_go_by_me.append(area)

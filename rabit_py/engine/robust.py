@@ -275,9 +275,12 @@ class RobustEngine(MpiEngine):
         return data
 
     # Note [in-place robust allreduce]
-    # The robust allreduce reduces out of place into the cache's buffer so
+    # Below shm_keep_min_bytes (or where a node cannot share areas), the
+    # robust allreduce reduces out of place into the cache's buffer so
     # that an interrupted call finds its input intact and can run again
-    # (Note [result cache]), then copies the result back. Open MPI's
+    # (Note [result cache]), then copies the result back; from it, the node's
+    # shared memory holds the result and the input is only read (Note [kept
+    # results] in _shm.py), and the cases below take that path too. Open MPI's
     # out-of-place Allreduce costs more than its in-place one on one host
     # (raw mpi4py, 2 ranks on the development VM: 0.92 against 0.57 ms at
     # 4 MiB). Two cases need no intact input, and reduce in place:
@@ -376,7 +379,7 @@ class RobustEngine(MpiEngine):
                 "rank %d: this program has not checkpointed since it started, so every "
                 "result since its start is kept for a replacement to replay, and at call #%d "
                 "they passed the cache budget (RABIT_CACHE_BUDGET=%d bytes). From here on "
-                "results are not kept and allreduces run in place at MPI's speed, but a "
+                "results are not kept and allreduces run in place, but a "
                 "failure ends the job for a restart from the start (or from the durable "
                 "checkpoint) instead of an in-job recovery. A checkpoint each iteration "
                 "(rabit.checkpoint(model), or rabit.lazy_checkpoint(model), which copies "

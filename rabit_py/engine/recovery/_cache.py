@@ -33,9 +33,12 @@ in-place call run again): such a call cannot be run again, and a failure in
 it ends the job the same way. The cost of a call then stays that of the call
 itself instead of growing with copies and fresh pages. Time: one copy of each
 result (arrays; broadcast
-objects are kept as the pickled bytes already made). Arrays freed at a commit
-are reused for later results of the same size, so a training loop stops
-allocating after its first version.
+objects are kept as the pickled bytes already made), none for allreduces from
+``shm_keep_min_bytes`` on a node that shares memory: the cache keeps the area
+the reduction wrote (read-only; Note [kept results] in ``_shm.py``), counted
+in full on every rank though the ranks of a node share it. Arrays freed at a
+commit are reused for later results of the same size, areas once no node
+rank holds them, so a training loop stops allocating after its first versions.
 """
 
 from __future__ import annotations
