@@ -124,6 +124,9 @@ _SPINS_BEFORE_YIELD = 200
 _DIRECT_MAX_RANKS = 2            # up to this many ranks per node: the direct variant
 _CHECK_EVERY_S = 0.005
 _PAGE = mmap.PAGESIZE
+# Areas are mapped with their pages in place: one kernel call instead of a
+# fault per page at the first write (Linux; elsewhere 0, faults as usual).
+_AREA_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 #: The flags rely on x86's store order (Note [shm allreduce]).
 SUPPORTED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 _SEGMENT_IDS = itertools.count()
@@ -177,6 +180,7 @@ class NodeReducer:
         self.chunk = max(_LINE, chunk_bytes // _LINE * _LINE)
         self._interrupted = interrupted or (lambda: None)
         self._seq = 0
+        self._call = 0                  # the first sequence number of the current kept call
         self._capacity = 0
         self._map: Optional[mmap.mmap] = None
         # Note [kept results]: this rank's mappings of the node's areas.
@@ -257,8 +261,9 @@ class NodeReducer:
         segments = [whole[q * per_rank:(q + 1) * per_rank] for q in range(self.node_size)]
         self._in = [s[:8].view(np.int64) for s in segments]
         self._out = [s[_LINE:_LINE + 8].view(np.int64) for s in segments]
-        # Note [kept results]: the area of the call, its descriptor, "done".
-        self._ctl = [s[2 * _LINE:2 * _LINE + 24].view(np.int64) for s in segments]
+        # Note [kept results]: the area of the call, its descriptor, "done",
+        # and the call this rank left with an error ("abandoned").
+        self._ctl = [s[2 * _LINE:2 * _LINE + 32].view(np.int64) for s in segments]
         start = _FLAG_BYTES
         self._slot = [s[start:start + self.chunk] for s in segments]
         self._result = [s[start + self.chunk:start + 2 * self.chunk] for s in segments]
@@ -397,6 +402,20 @@ class NodeReducer:
         Raises:
             MPI.Exception: as :meth:`allreduce`.
         """
+        self._call = self._seq + 1
+        try:
+            return self._reduce_to_area(flat, ufunc, leaders_allreduce, in_place)
+        except BaseException:
+            # Node peers may wait on this rank's flags, or on "done" while
+            # it leaves after its leaders' step failed; no MPI call wakes
+            # them (a revoke reaches a rank only when it calls MPI), so they
+            # look at this word (_check_alive).
+            self._ctl[self.node_rank][3] = self._call
+            raise
+
+    def _reduce_to_area(self, flat: np.ndarray, ufunc: Any,
+                        leaders_allreduce: Callable[[Any, np.ndarray], None],
+                        in_place: bool) -> np.ndarray:
         size, me = self.node_size, self.node_rank
         item, dtype = flat.itemsize, flat.dtype
         per = self.chunk // item
@@ -491,7 +510,8 @@ class NodeReducer:
         fd = os.memfd_create(f"rabit_py-area-{index}", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, header + capacity)
-            area = _Area(index, fd, mmap.mmap(fd, header + capacity), header, self.node_size)
+            area = _Area(index, fd, mmap.mmap(fd, header + capacity, flags=_AREA_FLAGS),
+                         header, self.node_size)
         except BaseException:
             os.close(fd)
             raise
@@ -510,7 +530,8 @@ class NodeReducer:
             try:
                 length = os.fstat(mine).st_size
                 header = -(-self.node_size * _LINE // _PAGE) * _PAGE
-                area = _Area(index, -1, mmap.mmap(mine, length), header, self.node_size)
+                area = _Area(index, -1, mmap.mmap(mine, length, flags=_AREA_FLAGS), header,
+                             self.node_size)
             finally:
                 os.close(mine)
             self._areas[index] = area
@@ -637,6 +658,13 @@ class NodeReducer:
         error_class = self._interrupted()
         if error_class is not None:
             raise MPI.Exception(error_class)
+        for q in range(self.node_size):
+            if self._ctl[q][3] >= self._call > 0:
+                raise MPI.Exception(ERR_REVOKED)        # a node peer left this call
+        # A node peer that left a call revokes the node (the engine does,
+        # and so must any caller): waits on flags end here, as MPI calls on
+        # the node communicator do.
+        self._check_revoked()
         for q, pid in enumerate(self.pids):
             if q != self.node_rank and not process_alive(pid):
                 raise MPI.Exception(ERR_PROC_FAILED)

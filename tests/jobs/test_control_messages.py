@@ -108,3 +108,10 @@ def test_a_leader_whose_step_was_revoked_gives_its_node_no_partial_sum():
     for rank in (0, 1, 3):
         assert checked[rank] == {"ok": 0, "partial": 0, "interrupted": 30, "revoker": 0}, \
             (rank, checked)
+    # The robust engine's protocol (Note [kept results]): the node peers wait
+    # on their leader's "done" flag, and leave when it revokes the node.
+    kept = _hierarchy_outcomes("--kept")
+    assert kept[2]["revoker"] == 30, kept
+    for rank in (0, 1, 3):
+        assert kept[rank] == {"ok": 0, "partial": 0, "interrupted": 30, "revoker": 0}, \
+            (rank, kept)

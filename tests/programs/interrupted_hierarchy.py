@@ -7,7 +7,9 @@ fresh reducer: every rank reduces in its group; rank 2, the leader of the
 second group, then revokes the leaders' communicator instead of joining the
 leaders' allreduce (as a leader does whose group peer died). Rank 0 is in
 that allreduce. ``--unchecked`` turns the reducer's revoke check off, to show
-what it catches.
+what it catches; ``--kept`` runs the robust engine's protocol
+(``reduce_to_area``, Note [kept results]), whose node peers wait on a flag
+instead of a broadcast.
 
 Every rank prints ``OUTCOMES {json}``: ``ok`` (the sum over all four ranks),
 ``partial`` (success, with another value: the sum of its own group, the
@@ -29,6 +31,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=30)
     parser.add_argument("--unchecked", action="store_true")
+    parser.add_argument("--kept", action="store_true")
     args = parser.parse_args()
     if args.unchecked:
         _shm.NodeReducer._check_revoked = lambda self: None
@@ -42,15 +45,18 @@ def main() -> int:
         data = np.full(4, float(rank + 1) * (trial + 1))
         want = 10.0 * (trial + 1)
 
-        def leaders_step(leaders):
+        def leaders_step(leaders, flat):
             if rank == 2:
                 leaders.Revoke()
             else:
-                leaders.Allreduce(MPI.IN_PLACE, data, op=MPI.SUM)
+                leaders.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
 
         world.Barrier()
         try:
-            reducer.allreduce(data, np.add, leaders_step)
+            if args.kept:
+                data = np.array(reducer.reduce_to_area(data, np.add, leaders_step))
+            else:
+                reducer.allreduce(data, np.add, leaders_step)
             if rank == 2:
                 outcomes["revoker"] += 1
             else:
