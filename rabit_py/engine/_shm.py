@@ -124,9 +124,6 @@ _SPINS_BEFORE_YIELD = 200
 _DIRECT_MAX_RANKS = 2            # up to this many ranks per node: the direct variant
 _CHECK_EVERY_S = 0.005
 _PAGE = mmap.PAGESIZE
-# Areas are mapped with their pages in place: one kernel call instead of a
-# fault per page at the first write (Linux; elsewhere 0, faults as usual).
-_AREA_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 #: The flags rely on x86's store order (Note [shm allreduce]).
 SUPPORTED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 _SEGMENT_IDS = itertools.count()
@@ -510,8 +507,8 @@ class NodeReducer:
         fd = os.memfd_create(f"rabit_py-area-{index}", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, header + capacity)
-            area = _Area(index, fd, mmap.mmap(fd, header + capacity, flags=_AREA_FLAGS),
-                         header, self.node_size)
+            area = _Area(index, fd, mmap.mmap(fd, header + capacity), header,
+                         self.node_size)
         except BaseException:
             os.close(fd)
             raise
@@ -530,8 +527,7 @@ class NodeReducer:
             try:
                 length = os.fstat(mine).st_size
                 header = -(-self.node_size * _LINE // _PAGE) * _PAGE
-                area = _Area(index, -1, mmap.mmap(mine, length, flags=_AREA_FLAGS), header,
-                             self.node_size)
+                area = _Area(index, -1, mmap.mmap(mine, length), header, self.node_size)
             finally:
                 os.close(mine)
             self._areas[index] = area
