@@ -433,11 +433,7 @@ class NodeReducer:
                 # previous chunk (waited for there), so it has read this
                 # buffer's chunk before it (as in the direct variant).
                 current = buffers[seq & 1]
-                slot = current[me][:m * item].view(dtype)
-                if lo > 0:
-                    np.copyto(slot[:lo], flat[start:start + lo])
-                if hi < m:
-                    np.copyto(slot[hi:], flat[start + hi:stop])
+                _offer(current[me][:m * item].view(dtype), flat, start, stop, lo, hi)
                 self._raise(self._in, seq)
                 self._wait(self._in, seq)
                 if area is None:
@@ -445,9 +441,7 @@ class NodeReducer:
                 result = area.data[(start + lo) * item:(start + hi) * item].view(dtype)
                 parts = [flat[start + lo:start + hi] if q == me
                          else current[q][:m * item].view(dtype)[lo:hi] for q in range(size)]
-                ufunc(parts[0], parts[1], out=result)
-                for q in range(2, size):
-                    ufunc(result, parts[q], out=result)
+                _fold(ufunc, parts, result)
                 self._raise(self._out, seq)
                 if chunked:
                     self._wait(self._out, seq)
@@ -559,19 +553,13 @@ class NodeReducer:
             lo, hi = bounds[me], bounds[me + 1]
             self._seq += 1
             seq = self._seq
-            slot = self._slot[me][:m * item].view(dtype)
-            if lo > 0:
-                np.copyto(slot[:lo], flat[start:start + lo])
-            if hi < m:
-                np.copyto(slot[hi:], flat[start + hi:stop])
+            _offer(self._slot[me][:m * item].view(dtype), flat, start, stop, lo, hi)
             self._raise(self._in, seq)
             self._wait(self._in, seq)
             parts = [flat[start + lo:start + hi] if q == me
                      else self._slot[q][:m * item].view(dtype)[lo:hi] for q in range(size)]
             result = self._result[me][:(hi - lo) * item].view(dtype)
-            ufunc(parts[0], parts[1], out=result)
-            for q in range(2, size):
-                ufunc(result, parts[q], out=result)
+            _fold(ufunc, parts, result)
             self._raise(self._out, seq)
             np.copyto(flat[start + lo:start + hi], result)
             self._wait(self._out, seq)
@@ -620,11 +608,7 @@ class NodeReducer:
             self._raise(self._in, seq)
             self._wait(self._in, seq)
             parts = [buffers[seq & 1][q][:nbytes].view(dtype) for q in range(size)]
-            # Operands in rank order: the same bits on every rank (even for
-            # MAX of +0.0 and -0.0, which is not symmetric in NumPy).
-            ufunc(parts[0], parts[1], out=mine)
-            for q in range(2, size):
-                ufunc(mine, parts[q], out=mine)
+            _fold(ufunc, parts, mine)
 
     # ------------------------------------------------------------ flags
     def _raise(self, flags: List[np.ndarray], seq: int) -> None:
@@ -679,6 +663,23 @@ class _Area:
         self.holds = [whole[q * _LINE:q * _LINE + 8].view(np.int64) for q in range(node_size)]
         self.data = whole[header:]
         self.capacity = self.data.nbytes
+
+
+def _offer(slot: np.ndarray, flat: np.ndarray, start: int, stop: int, lo: int, hi: int) -> None:
+    """Copy the parts of the chunk ``flat[start:stop]`` that other ranks own
+    (all but ``[lo, hi)``) into this rank's ``slot`` (the general variant)."""
+    if lo > 0:
+        np.copyto(slot[:lo], flat[start:start + lo])
+    if hi < stop - start:
+        np.copyto(slot[hi:], flat[start + hi:stop])
+
+
+def _fold(ufunc: Any, parts: List[np.ndarray], out: np.ndarray) -> None:
+    """``out`` = the parts reduced in rank order: the same bits on every rank
+    (even for MAX of +0.0 and -0.0, which is not symmetric in NumPy)."""
+    ufunc(parts[0], parts[1], out=out)
+    for q in range(2, len(parts)):
+        ufunc(out, parts[q], out=out)
 
 
 def _let_go(hold: np.ndarray, let_go_by_me: Optional[List[_Area]], area: _Area) -> None:
