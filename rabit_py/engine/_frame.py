@@ -31,7 +31,6 @@ import sys
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
-import numpy as np
 
 from ._mpistart import ERR_PROC_FAILED, ERR_REVOKED, MPI
 
@@ -41,8 +40,8 @@ from ..errors import (CollectiveMismatchError, CollectiveTimeoutError, PeerFailu
                       RecoveryError)
 from ._lifecycle import abort_job, end_job_on_uncaught, mark_every_rank
 from . import _control as control
-from ._signature import (N_FIELDS, Call, Kind, agrees, call_signature, call_values,
-                         describe_mismatch, fill_vector, mismatched_fields)
+from ._signature import (Call, CheckVector, Kind, call_signature, describe_mismatch,
+                         mismatched_fields)
 from ._watchdog import (FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, Position, Watchdog, announce,
                         exchange_positions, find_notice, timeout_message)
 
@@ -90,7 +89,7 @@ class CallFrame:
         self.membership = 0
         self.watchdog: Optional[Watchdog] = None
         self.reporter = Reporter(None, "")
-        self._sigvec = np.empty(2 * N_FIELDS, dtype=np.int64)
+        self._check_vector = CheckVector()
 
     def use(self, comm: Any, ctrl: Any) -> None:
         """Run on ``comm``, with ``ctrl`` for control traffic."""
@@ -197,9 +196,11 @@ class CallFrame:
     def _agree(self, kind: int, call: Optional[Call], error: Optional[BaseException]) -> None:
         """See Note [signature check]."""
         seq = self.token[2]
-        vec = fill_vector(self._sigvec, call_values(self.version, seq, kind, call, error))
+        check = self._check_vector
+        sent = check.fill(self.version, seq, kind, call, error)
+        vec = check.vec
         self.comm.Allreduce(MPI.IN_PLACE, vec, op=MPI.MAX)
-        if not agrees(vec):
+        if not check.agreed(sent):
             fields = mismatched_fields(vec)
             mine = call_signature(self.version, seq, kind, call, error)
             # Note [mismatch exchange]

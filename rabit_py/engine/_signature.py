@@ -24,6 +24,7 @@ making, so it cannot deadlock on a kind mismatch.
 from __future__ import annotations
 
 import dataclasses
+import struct
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -33,7 +34,7 @@ from ..ops import dtype_code, op_code, op_name
 __all__ = ["Kind", "Signature", "WILDCARD", "N_FIELDS", "shape_code", "fill_vector",
            "agrees", "mismatched_fields", "describe_mismatch", "Call", "OBJECT",
            "call_values", "call_signature", "shown", "allreduce_call", "allgather_call",
-           "replay_key", "same_call"]
+           "replay_key", "same_call", "CheckVector"]
 
 WILDCARD = int(np.iinfo(np.int64).min)
 
@@ -99,6 +100,59 @@ def agrees(reduced: np.ndarray) -> bool:
     # An all-wildcard field is WILDCARD in both halves (one list comparison
     # is 0.45 us cheaper than a generator over the pairs).
     return values[:N_FIELDS] == [lo if lo == WILDCARD else -lo for lo in values[N_FIELDS:]]
+
+
+class CheckVector:
+    """The vector this rank contributes to the check, filled on the hot path.
+
+    A call's fields but its version and call number repeat from call to call
+    (a training loop makes the same few calls over and over), so each distinct
+    call is packed once into a template of ``[fields, -fields]`` bytes and
+    each check copies it and writes the two numbers that change. After the
+    ``Allreduce(MAX)``, a vector that came back as it went out means that
+    every rank sent these very fields (every field's maximum and minimum are
+    this rank's), the check's common outcome, decided by one comparison of
+    bytes; anything else goes through :func:`agrees` (wildcards, mismatches).
+    Filling it thus costs 0.3 us where :func:`call_values` and
+    :func:`fill_vector` cost 1.6 us (8-byte allreduce, development VM).
+    """
+
+    _LIMIT = 256                # distinct calls remembered (shapes may vary)
+
+    def __init__(self) -> None:
+        self.vec = np.empty(2 * N_FIELDS, dtype=np.int64)
+        self._bytes = memoryview(self.vec).cast("B")
+        self._templates: Dict[Tuple[int, Optional[Call]], bytes] = {}
+
+    def fill(self, version: int, seqno: int, kind: int, call: Optional[Call],
+             error: Optional[BaseException]) -> Optional[bytes]:
+        """Write this rank's vector for a call into :attr:`vec`; returns the
+        bytes written, or None for a refused input (``error``), whose vector
+        is written the slow way and always goes through :func:`agrees`."""
+        if error is not None:
+            fill_vector(self.vec, call_values(version, seqno, kind, call, error))
+            return None
+        key = (kind, call)
+        template = self._templates.get(key)
+        if template is None:
+            if len(self._templates) >= self._LIMIT:
+                self._templates.clear()
+            template = fill_vector(self.vec, call_values(0, 0, kind, call, None)).tobytes()
+            self._templates[key] = template
+        self._bytes[:] = template
+        _PAIR.pack_into(self.vec, 0, version, seqno)
+        _PAIR.pack_into(self.vec, _NEGATED, -version, -seqno)
+        return self.vec.tobytes()
+
+    def agreed(self, sent: Optional[bytes]) -> bool:
+        """Whether the reduced :attr:`vec` shows every rank agreeing, ``sent``
+        being what :meth:`fill` returned."""
+        return (sent is not None and self.vec.tobytes() == sent) or agrees(self.vec)
+
+
+# version and call number lead each half of the vector.
+_PAIR = struct.Struct("=2q")
+_NEGATED = N_FIELDS * 8
 
 
 def mismatched_fields(reduced: np.ndarray) -> List[str]:

