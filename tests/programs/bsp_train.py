@@ -36,6 +36,9 @@ def main() -> int:
                         help="seconds to stay after a RecoveryError: mpirun ends the whole job "
                              "at the second non-zero exit, which could cut short what the "
                              "spares have to say")
+    parser.add_argument("--slow-replacement", type=float, default=0.0,
+                        help="seconds a process spawned by a repair sleeps before init() (its "
+                             "MPI world is the spawn's: smaller than the job's)")
     args = parser.parse_args()
 
     # A spare is one of the last RABIT_SPARES processes of the MPI job.
@@ -44,6 +47,9 @@ def main() -> int:
     world_size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
     if args.announce_last_spare and spares and world_rank == world_size - 1:
         print(f"SPARE {os.getpid()}", flush=True)
+    if args.slow_replacement and "PMIX_NAMESPACE" in os.environ and \
+            not os.environ["PMIX_NAMESPACE"].endswith("@1"):
+        time.sleep(args.slow_replacement)       # a spawned job's namespace is @2, @3, ...
     rabit.init()
     rank, size = rabit.get_rank(), rabit.get_world_size()
     info = rabit.engine_info()
@@ -95,7 +101,7 @@ def main() -> int:
         "rank": rank, "world": rabit.get_world_size(), "pid": os.getpid(), "trial": trial,
         "joined": joined, "version": rabit.version_number(), "model": digest.hexdigest(),
         "local": local,
-        "prepared": prepared}), flush=True)
+        "prepared": prepared, "cpu_s": time.process_time()}), flush=True)
     rabit.finalize()
     print(f"FINALIZED {rank}", flush=True)
     return 0

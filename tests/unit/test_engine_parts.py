@@ -286,3 +286,39 @@ def test_an_error_is_told_to_be_rabit_pys_or_the_programs(tmp_path):
     exec(compile(program.read_text(), str(program), "exec"), namespace)
     assert not raised_by_rabit_py(caught(lambda: namespace["prepare"](None)))
     assert not raised_by_rabit_py(caught(lambda: pickle.loads(b"\x05")))  # no rabit_py frame
+
+
+# --- Note [UCX memory hooks]: UCX's memory events are turned off only where
+# no RDMA device exists and the user set nothing.
+
+def _hooks(monkeypatch, devices, preset=None):
+    from rabit_py.engine import _mpistart
+
+    monkeypatch.delenv("UCX_MEM_EVENTS", raising=False)
+    if preset is not None:
+        monkeypatch.setenv("UCX_MEM_EVENTS", preset)
+
+    def listdir(path):
+        assert path == "/sys/class/infiniband"
+        if devices is None:
+            raise FileNotFoundError(path)
+        return devices
+
+    monkeypatch.setattr(_mpistart.os, "listdir", listdir)
+    return _mpistart.quiet_ucx_memory_hooks()
+
+
+def test_ucx_memory_events_off_without_rdma_devices(monkeypatch):
+    import os
+    assert _hooks(monkeypatch, None) is True
+    assert os.environ["UCX_MEM_EVENTS"] == "no"
+    assert _hooks(monkeypatch, []) is True              # the class exists, no device in it
+    assert os.environ["UCX_MEM_EVENTS"] == "no"
+
+
+def test_ucx_memory_events_left_alone_with_rdma_or_a_user_setting(monkeypatch):
+    import os
+    assert _hooks(monkeypatch, ["mlx5_0"]) is False
+    assert "UCX_MEM_EVENTS" not in os.environ
+    assert _hooks(monkeypatch, None, preset="yes") is False
+    assert os.environ["UCX_MEM_EVENTS"] == "yes"

@@ -20,7 +20,8 @@ from ...errors import RecoveryError
 from .. import _control as control
 
 __all__ = ["JoinState", "RepairTimes", "Replacer", "spawn_command", "spawn_environment",
-           "spawn_info", "spawn_and_merge", "until_repaired", "free_comm", "is_replacement"]
+           "spawn_info", "spawn_and_merge", "join_spawner", "wait_quietly", "until_repaired",
+           "free_comm", "is_replacement"]
 
 log = logging.getLogger("rabit_py")
 
@@ -152,33 +153,127 @@ def spawn_info() -> "MPI.Info":
     return info
 
 
+# Note [quiet spawn]
+# ~~~~~~~~~~~~~~~~~~
+# New processes start while the survivors wait, and a process waiting inside
+# MPI mostly spins: in a collective MPI_Comm_spawn every survivor but the
+# spawning one polled until the new processes had started Python, imported
+# the program's modules and initialised MPI, and all of them polled again in
+# the merge until the newcomers reached ``init()``. Where ranks share cores
+# (4 ranks on the development VM's 2), the newcomer then started on a
+# fraction of a core: its imports took 70-140 ms instead of 55, and a
+# replacement that slept 1 s at start cost every survivor but the spawning
+# one 1.0 s of CPU. So the survivors wait asleep:
+#
+# 1. The spawning survivor (``root``) opens an MPI port and spawns on
+#    MPI_COMM_SELF; inside PMIx_Spawn it blocks without spinning. The others
+#    wait for it in an MPI_Ibarrier on ``comm`` that they test between short
+#    sleeps.
+# 2. The newcomers, once in their join, enter an MPI_Ibarrier with the root
+#    (which it tests between sleeps likewise) and receive the port's name.
+# 3. The root enters the survivors' Ibarrier; all survivors accept on the
+#    port, the newcomers connect to it (MPI_Comm_accept/connect: 2-3 ms here,
+#    everyone being there), and the intercommunicator is merged with the
+#    survivors first, in their order, as the collective spawn's merge did.
+#
+# Connecting every survivor to the newcomers matters: an intercommunicator
+# built over the root's merge alone (MPI_Intercomm_create) gave a
+# communicator whose first collective hung, since only the root's process
+# had been connected to the newcomers' job. A failure on the way reaches the
+# sleepers like any other: the root's next attempt revokes their
+# communicator, and their Ibarrier fails.
+
+_QUIET_POLL_S = 0.0005
+
+
+def wait_quietly(request: "MPI.Request") -> None:
+    """Wait for ``request`` between short sleeps instead of spinning in MPI
+    (Note [quiet spawn]). Raises ``MPI.Exception`` as ``Wait`` would."""
+    while not request.Test():
+        time.sleep(_QUIET_POLL_S)
+
+
 def spawn_and_merge(comm: "MPI.Intracomm", count: int, root: int, state: Optional["JoinState"],
                     times: "RepairTimes") -> "MPI.Intracomm":
-    """Spawn ``count`` processes of this program from ``comm`` (collective;
-    ``root`` spawns), merge them in after ``comm``'s members and send them
-    ``state`` (that of the merged communicator's rank 0, ``comm``'s rank 0):
-    what spawned replacements (Note [repair]) and a spare pool's rebuild
-    (Note [spares]) share. The caller sets ``times.spawning`` before and
-    clears it once the new processes are in (Note [stuck spawn]).
+    """Spawn ``count`` processes of this program (``comm``'s ``root`` spawns;
+    collective on ``comm``), merge them in after ``comm``'s members and send
+    them ``state`` (that of the merged communicator's rank 0, ``comm``'s rank
+    0): what spawned replacements (Note [repair]) and a spare pool's rebuild
+    (Note [spares]) share; the survivors wait asleep (Note [quiet spawn]).
+    The caller sets ``times.spawning`` before and clears it once the new
+    processes are in (Note [stuck spawn]). ``times.spawn``: on the root, the
+    spawn; on the others, their wait until the newcomers are ready.
 
     Returns:
-        The merged communicator (errors returned); the spawn's
-        intercommunicator is freed.
+        The merged communicator (errors returned); the intermediate
+        communicators are freed.
 
     Raises:
         MPI.Exception: a process died meanwhile (the repair starts over).
     """
     t0 = time.perf_counter()
-    program, args = spawn_command()
-    inter = comm.Spawn(program, args=args, maxprocs=count, root=root, info=spawn_info())
-    times.spawn += time.perf_counter() - t0
-    t0 = time.perf_counter()
-    merged = inter.Merge(high=False)
+    is_root = comm.Get_rank() == root
+    port: Optional[str] = MPI.Open_port() if is_root else None
+    try:
+        if is_root:
+            program, args = spawn_command()
+            inter = MPI.COMM_SELF.Spawn(program, args=args, maxprocs=count, root=0,
+                                        info=spawn_info())
+            times.spawn += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            try:
+                inter.Set_errhandler(MPI.ERRORS_RETURN)
+                wait_quietly(inter.Ibarrier())          # the newcomers are in their join
+                name = bytearray(MPI.MAX_PORT_NAME)
+                name[:len(port.encode())] = port.encode()  # type: ignore[union-attr]
+                inter.Bcast([name, MPI.CHAR], root=MPI.ROOT)
+            finally:
+                free_comm(inter)
+        wait_quietly(comm.Ibarrier())
+        if not is_root:
+            times.spawn += time.perf_counter() - t0
+            t0 = time.perf_counter()
+        connected = comm.Accept(port, root=root)
+    finally:
+        if port is not None:
+            _close_port(port)
+    connected.Set_errhandler(MPI.ERRORS_RETURN)
+    try:
+        merged = connected.Merge(high=False)
+    finally:
+        free_comm(connected)
     merged.Set_errhandler(MPI.ERRORS_RETURN)
     control.bcast(merged, state, 0, "repair.join_state")
-    free_comm(inter)
     times.merge += time.perf_counter() - t0
     return merged
+
+
+def join_spawner() -> Tuple["MPI.Intracomm", int]:
+    """A spawned process's side of :func:`spawn_and_merge` (Note [quiet
+    spawn]): the merged communicator (errors returned) and how many members
+    come before the new processes. Raises ``MPI.Exception``."""
+    parent = MPI.Comm.Get_parent()
+    parent.Set_errhandler(MPI.ERRORS_RETURN)
+    parent.Ibarrier().Wait()
+    name = bytearray(MPI.MAX_PORT_NAME)
+    parent.Bcast([name, MPI.CHAR], root=0)
+    port = bytes(name).split(b"\0", 1)[0].decode()
+    connected = MPI.COMM_WORLD.Connect(port, root=0)
+    connected.Set_errhandler(MPI.ERRORS_RETURN)
+    try:
+        merged = connected.Merge(high=True)
+        before = connected.Get_remote_size()
+    finally:
+        free_comm(connected)
+    merged.Set_errhandler(MPI.ERRORS_RETURN)
+    return merged, before
+
+
+def _close_port(port: str) -> None:
+    try:
+        MPI.Close_port(port)
+    except MPI.Exception:
+        pass
 
 
 def until_repaired(attempt: Callable[[int], T], who: str, times: "RepairTimes",

@@ -38,7 +38,8 @@ from .._mpistart import MPI
 from ...errors import RecoveryError
 from .. import _control as control
 from .._lifecycle import kill_self
-from ._join import JoinState, RepairTimes, Replacer, free_comm, spawn_and_merge, until_repaired
+from ._join import (JoinState, RepairTimes, Replacer, free_comm, join_spawner, spawn_and_merge,
+                    until_repaired)
 from ._spares import join_pool_as_spawned
 
 __all__ = ["repair", "SpawnReplacer", "join_as_replacement"]
@@ -161,12 +162,9 @@ def _end_replacement(why: str) -> None:
 
 def _join() -> Tuple[Optional["MPI.Intracomm"], int, JoinState, Any]:
     try:
-        parent = MPI.Comm.Get_parent()
-        parent.Set_errhandler(MPI.ERRORS_RETURN)
-        merged = parent.Merge(high=True)
-        merged.Set_errhandler(MPI.ERRORS_RETURN)
+        merged, before = join_spawner()
         state: JoinState = control.bcast(merged, None, 0, "repair.join_state")
-        index = merged.Get_rank() - parent.Get_remote_size()
+        index = merged.Get_rank() - before
         if state.spawned is not None:
             my_rank = state.spawned[index]
             comm, pool = join_pool_as_spawned(merged, my_rank)
