@@ -1,6 +1,7 @@
 """Benchmark: what a failure costs the robust engine, and what checkpoints cost.
 
     python scripts/bench_recovery.py [--ranks 4] [--json out.json] [--plot out.png]
+    python scripts/bench_recovery.py --before REV --load-rows 0 --runs 7
 
 It starts the same training job (``--worker`` mode, a BSP loop of allreduce
 and checkpoint) under ``rabit-run``, once without and ``--runs`` times with a
@@ -27,6 +28,11 @@ rank killed by the mock engine, and reports:
   from the user's last save (both save every ``--xgb-every`` rounds): time
   from the kill to the next new round, and time lost. ``--xgboost`` runs
   only this part.
+
+``--before REV`` measures only the recovery steps of one kill (spawned and
+spare), on this tree and on revision REV side by side, runs alternating.
+Jobs run with Python's bytecode cache on (as an installed package has it),
+whatever ``PYTHONDONTWRITEBYTECODE`` says.
 """
 
 from __future__ import annotations
@@ -112,13 +118,25 @@ def checkpoint_costs(rabit, args: argparse.Namespace) -> Dict[str, Dict[str, flo
 
 
 # ---------------------------------------------------------------- driver side
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def job_environment(env: Dict[str, str], tree: str) -> Dict[str, str]:
+    """The environment of a benchmark job on source tree ``tree``. Python
+    writes and reuses compiled bytecode, as for an installed package: with
+    ``PYTHONDONTWRITEBYTECODE`` set every replacement compiled rabit_py's
+    modules from source again (57 ms of its start-up on the development VM)."""
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**base, "PYTHONPATH": tree, **env}
+
+
 def launch(ranks: int, env: Dict[str, str], extra: List[str],
-           options: Optional[List[str]] = None) -> tuple:
+           options: Optional[List[str]] = None, tree: str = ROOT) -> tuple:
     cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", str(ranks), *(options or []), "--",
-           sys.executable, os.path.abspath(__file__), "--worker"] + extra
+           sys.executable, os.path.join(tree, "scripts", "bench_recovery.py"), "--worker"] + extra
     start = time.time()
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         timeout=900, env={**os.environ, **env}).stdout
+                         timeout=900, env=job_environment(env, tree), cwd=tree).stdout
     wall = time.time() - start
     reports = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("REPORT ")]
     if len(reports) != ranks:
@@ -127,14 +145,17 @@ def launch(ranks: int, env: Dict[str, str], extra: List[str],
 
 
 def kill_runs(args: argparse.Namespace, common: List[str], base_wall: float,
-              base: List[dict], options: List[str]) -> List[dict]:
-    """``args.runs`` jobs with one rank killed mid-run; each run's recovery steps."""
+              base: List[dict], options: List[str], tree: str = ROOT,
+              runs_wanted: Optional[int] = None, first: int = 0) -> List[dict]:
+    """Jobs (``args.runs``, or ``runs_wanted``) with one rank killed mid-run;
+    each run's recovery steps. ``first``: the first run's number (which rank
+    is killed)."""
     runs = []
-    for i in range(args.runs):
+    for i in range(first, first + (args.runs if runs_wanted is None else runs_wanted)):
         victim = 1 + i % (args.ranks - 1)
         plan = f"{victim},{args.rounds // 2},1,0"
         wall, reports, out = launch(args.ranks, {"RABIT_ENGINE": "mock", "RABIT_MOCK": plan},
-                                    common, options)
+                                    common, options, tree)
         killed_at = float(re.search(r"killed at .*\(time ([\d.]+)\)", out).group(1))
         survivors = [r for r in reports if r["trial"] == 0 and r["recoveries"]]
         rec = [r["recoveries"][0] for r in survivors]
@@ -331,6 +352,66 @@ def durable_write_costs(reps: int = 9) -> Dict[int, tuple]:
     return out
 
 
+STEP_ORDER = ("detect", "shrink", "spawn", "merge", "replay")
+
+
+def compare_trees(args: argparse.Namespace, common: List[str]) -> int:
+    """The recovery steps of one kill (spawned replacement, and spare) on
+    this tree and on ``args.before``, runs alternating between the trees so
+    that the machine's noise hits both alike; prints medians and ranges."""
+    import tempfile
+
+    results: Dict[str, Dict[str, List[dict]]] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        before = os.path.join(scratch, "before")
+        subprocess.run(["git", "-C", ROOT, "worktree", "add", "-q", "--detach", before,
+                        args.before], check=True)
+        try:
+            trees = {"before": before, "after": ROOT}
+            bases = {}
+            for name, tree in trees.items():
+                # Two failure-free runs, the faster kept (the first writes .pyc files).
+                bases[name] = min((launch(args.ranks, {"RABIT_ENGINE": "robust"}, common,
+                                          tree=tree) for _ in range(2)), key=lambda r: r[0])
+                results[name] = {"spawned": [], "spare": []}
+            for i in range(args.runs):
+                for name, tree in trees.items():
+                    wall, base, _ = bases[name]
+                    results[name]["spawned"] += kill_runs(args, common, wall, base, [], tree, 1, i)
+                    results[name]["spare"] += kill_runs(args, common, wall, base,
+                                                        ["--spares", "1"], tree, 1, i)
+                print(f"  run {i + 1}/{args.runs} done", flush=True)
+        finally:
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", before])
+    print(f"\nrecovery of one killed rank, {args.ranks} ranks on {os.cpu_count()} cores"
+          + (" (oversubscribed)" if args.ranks > (os.cpu_count() or 1) else "")
+          + f", {args.runs} runs per tree alternating; before = {args.before}; seconds, "
+            f"median [min-max]")
+    columns = list(STEP_ORDER) + ["kill_to_progress", "added_loop"]
+    print(f"{'':>16}" + "".join(f"{c:>21}" for c in columns))
+    table: Dict[str, Dict[str, List[float]]] = {}
+    for kind in ("spawned", "spare"):
+        for name in ("before", "after"):
+            runs = results[name][kind]
+            values = {c: [r["kill_to_progress"] if c == "kill_to_progress" else r["steps"][c]
+                          for r in runs] for c in columns}
+            table[f"{kind} {name}"] = {c: [statistics.median(v), min(v), max(v)]
+                                       for c, v in values.items()}
+            print(f"{kind + ' ' + name:>16}" + "".join(
+                f"{statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})".rjust(21)
+                for v in values.values()))
+        b = table[f"{kind} before"]["kill_to_progress"][0]
+        a = table[f"{kind} after"]["kill_to_progress"][0]
+        print(f"{kind}: kill -> progress after/before = {a / b:.2f}")
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as fh:
+        json.dump({"benchmark": "recovery-steps", "before": args.before, "ranks": args.ranks,
+                   "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                   "table": table, "runs": results}, fh, indent=1)
+    print(f"wrote {args.json}")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -344,6 +425,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--json", default="bench-results/recovery.json")
     parser.add_argument("--plot", nargs="?", const="bench-results/recovery.png")
     parser.add_argument("--xgboost", action="store_true", help="only the XGBoost comparison")
+    parser.add_argument("--before", metavar="REV",
+                        help="only the recovery steps, of this tree and of git revision REV "
+                             "(checked out in a temporary worktree), runs alternating")
     parser.add_argument("--xgb-rows", type=int, default=400_000)
     parser.add_argument("--xgb-rounds", type=int, default=40)
     parser.add_argument("--xgb-every", type=int, default=5)
@@ -365,6 +449,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     common = ["--rounds", str(args.rounds), "--elements", str(args.elements),
               "--load-rows", str(args.load_rows)]
+    if args.before:
+        return compare_trees(args, common)
     # Two failure-free runs, the faster kept: the first start of a process
     # tree pays for cold caches (and .pyc compilation after an edit).
     base_wall, base, _ = min((launch(args.ranks, {"RABIT_ENGINE": "robust"}, common)

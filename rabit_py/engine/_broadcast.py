@@ -19,7 +19,7 @@ import pickle
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
-from crc32c import crc32c
+from ._checksum import crc32c
 
 from ..errors import CollectiveMismatchError, RabitError
 from ..ops import DTYPES, dtype_code

@@ -50,7 +50,7 @@ import struct
 from typing import Any, List
 
 import numpy as np
-from crc32c import crc32c
+from ._checksum import crc32c
 
 from ._mpistart import ERR_REVOKED, MPI
 

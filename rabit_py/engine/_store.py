@@ -64,7 +64,7 @@ import struct
 import threading
 from typing import BinaryIO, Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from crc32c import crc32c
+from ._checksum import crc32c
 
 from .._version import __version__
 from ..errors import CheckpointError

@@ -42,7 +42,7 @@ import numpy as np
 
 from ._mpistart import ERR_PROC_FAILED, MPI
 
-from crc32c import crc32c
+from ._checksum import crc32c
 from mpi4py.util.dtlib import from_numpy_dtype
 
 from .._status import SETUP, Reporter
