@@ -119,3 +119,23 @@ def test_bench_hotpath_compares_two_trees_for_every_setting(tmp_path):
         assert 0 < row["raw"] and 0 < row["before"] and 0 < row["after"], row
     for setting, runs in result["runs"].items():
         assert [len(runs["before"]), len(runs["after"])] == [1, 1], setting
+
+
+def test_bench_recovery_compares_the_steps_of_two_trees(tmp_path):
+    out_json = tmp_path / "steps.json"
+    code, out = run([sys.executable, "scripts/bench_recovery.py", "--before", "HEAD",
+                     "--runs", "1", "--rounds", "6", "--load-rows", "0", "--elements", "64",
+                     "--json", str(out_json)], timeout=300)
+    assert code == 0, out
+    assert "recovery of one killed rank, 4 ranks" in out, out
+    result = json.loads(out_json.read_text())
+    assert set(result["table"]) == {"spawned before", "spawned after", "spare before",
+                                    "spare after"}
+    for name, row in result["table"].items():
+        median, low, high = row["kill_to_progress"]
+        assert 0 < low <= median <= high, (name, row)
+        assert row["detect"][0] > 0, (name, row)
+    for name in ("before", "after"):
+        assert [len(result["runs"][name][k]) for k in ("spawned", "spare")] == [1, 1]
+        spawned = result["runs"][name]["spawned"][0]["steps"]
+        assert spawned["spawn"] > 0 and spawned["merge"] > 0, spawned
