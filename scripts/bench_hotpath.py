@@ -4,10 +4,11 @@ revision, side by side in one run.
     python scripts/bench_hotpath.py --before HEAD~5 [--json out.json] [--plot out.png]
 
 For each engine and signature-check setting (plain/robust, check off/on) it
-starts ``rabit-run -n 2`` jobs that time 20,000 allreduces of 8 bytes (a
-``lazy_checkpoint`` every 10 calls, as a training loop checkpoints every
-round; best of 5 repetitions) and raw mpi4py ``Allreduce`` in place in the
-same job. The two source trees alternate run by run (``--runs`` each), so
+starts ``rabit-run -n 2`` jobs that time 20,000 calls of each small
+collective -- an allreduce and a broadcast of 8 bytes, an allgather of one
+float64 per rank -- (a ``lazy_checkpoint`` every 10 calls, as a training loop
+checkpoints every round; best of 5 repetitions) and raw mpi4py's
+``Allreduce`` in place, ``Bcast`` and ``Allgather`` in the same job. The two source trees alternate run by run (``--runs`` each), so
 that the machine's noise hits both alike; the table shows each one's best
 run. ``--before`` checks the revision out in a temporary git worktree.
 """
@@ -36,16 +37,35 @@ import rabit_py as rabit
 engine, check = sys.argv[1], sys.argv[2] == "on"
 rabit.init(engine=engine, check=check)
 rabit.load_checkpoint()
+comm = MPI.COMM_WORLD
 buf = np.ones(2, np.float32)
-def loop(n):
+one = np.ones(1, np.float64)
+gathered = np.empty(comm.Get_size(), np.float64)
+def allreduce(n):
     for i in range(n):
         rabit.allreduce(buf, rabit.Op.SUM)
         if i % 10 == 9:
             rabit.lazy_checkpoint(None)
-def raw(n):
+def raw_allreduce(n):
     for _ in range(n):
-        MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-for fn in (loop, raw):
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+def broadcast(n):
+    for i in range(n):
+        rabit.broadcast(buf, 0)
+        if i % 10 == 9:
+            rabit.lazy_checkpoint(None)
+def raw_broadcast(n):
+    for _ in range(n):
+        comm.Bcast(buf, root=0)
+def allgather(n):
+    for i in range(n):
+        rabit.allgather(one)
+        if i % 10 == 9:
+            rabit.lazy_checkpoint(None)
+def raw_allgather(n):
+    for _ in range(n):
+        comm.Allgather(one, gathered)
+for fn in (allreduce, raw_allreduce, broadcast, raw_broadcast, allgather, raw_allgather):
     fn(2000)
     times = []
     for _ in range(5):
@@ -56,16 +76,20 @@ rabit.finalize()
 '''
 
 
-def measure(tree: str, engine: str, check: str, program: str) -> Dict[str, float]:
-    """(us per rabit call, us per raw call) of one job on ``tree``."""
+CALLS = ("allreduce", "broadcast", "allgather")
+
+
+def measure(tree: str, engine: str, check: str, program: str) -> Dict[str, Dict[str, float]]:
+    """Per call: (us per rabit call, us per raw call) of one job on ``tree``."""
     env = {**os.environ, "PYTHONPATH": tree}
     out = subprocess.run([sys.executable, "-m", "rabit_py.launcher", "-n", "2", "--",
                           sys.executable, program, engine, check],
                          env=env, cwd=tree, capture_output=True, text=True, timeout=600)
-    found = dict(re.findall(r"^(LOOP|RAW) ([\d.]+)$", out.stdout, re.M))
-    if len(found) != 2:
+    found = dict(re.findall(r"^((?:RAW_)?[A-Z]+) ([\d.]+)$", out.stdout, re.M))
+    if len(found) != 2 * len(CALLS):
         raise SystemExit(f"the job on {tree} failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
-    return {"rabit": float(found["LOOP"]), "raw": float(found["RAW"])}
+    return {call: {"rabit": float(found[call.upper()]), "raw": float(found[f"RAW_{call.upper()}"])}
+            for call in CALLS}
 
 
 def main(argv: List[str] | None = None) -> int:
@@ -90,17 +114,20 @@ def main(argv: List[str] | None = None) -> int:
         try:
             trees = {"before": before, "after": ROOT}
             for engine, check in CONFIGS:
-                key = f"{engine} check={check}"
-                results[key] = {"before": [], "after": []}
+                setting = f"{engine} check={check}"
+                for call in CALLS:
+                    results[f"{call}, {setting}"] = {"before": [], "after": []}
                 for run in range(args.runs):
                     for name, tree in trees.items():
-                        results[key][name].append(measure(tree, engine, check, program))
-                        print(f"  {key}, {name}, run {run + 1}/{args.runs}", flush=True)
+                        for call, times in measure(tree, engine, check, program).items():
+                            results[f"{call}, {setting}"][name].append(times)
+                        print(f"  {setting}, {name}, run {run + 1}/{args.runs}", flush=True)
         finally:
             subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", before])
-    print(f"\n8-byte allreduce, us per call, 2 ranks (best of {args.runs} jobs each, "
-          f"trees alternating); before = {args.before}")
-    print(f"{'':>20}{'raw':>8}{'before':>9}{'after':>9}{'after/before':>14}"
+    print(f"\nsmall calls (8-byte allreduce and broadcast, allgather of one float64 per "
+          f"rank), us per call, 2 ranks (best of {args.runs} jobs each, trees alternating); "
+          f"before = {args.before}")
+    print(f"{'':>31}{'raw':>8}{'before':>9}{'after':>9}{'after/before':>14}"
           f"{'after - raw':>13}")
     table = {}
     for key, runs in results.items():
@@ -108,7 +135,7 @@ def main(argv: List[str] | None = None) -> int:
         a = min(r["rabit"] for r in runs["after"])
         raw = min(r["raw"] for name in runs for r in runs[name])
         table[key] = {"raw": raw, "before": b, "after": a}
-        print(f"{key:>20}{raw:8.1f}{b:9.1f}{a:9.1f}{a / b:14.2f}{a - raw:13.1f}")
+        print(f"{key:>31}{raw:8.1f}{b:9.1f}{a:9.1f}{a / b:14.2f}{a - raw:13.1f}")
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({"benchmark": "hotpath", "before": args.before, "table": table,
@@ -120,11 +147,11 @@ def main(argv: List[str] | None = None) -> int:
         import matplotlib.pyplot as plt
         keys = list(table)
         x = range(len(keys))
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig, ax = plt.subplots(figsize=(12, 4.5))
         ax.bar([i - 0.2 for i in x], [table[k]["before"] for k in keys], 0.4, label="before")
         ax.bar([i + 0.2 for i in x], [table[k]["after"] for k in keys], 0.4, label="after")
-        ax.set_xticks(list(x), keys)
-        ax.set_ylabel("us per 8-byte allreduce")
+        ax.set_xticks(list(x), keys, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("us per call")
         ax.legend()
         fig.tight_layout()
         fig.savefig(args.plot)

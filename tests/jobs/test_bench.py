@@ -111,10 +111,12 @@ def test_bench_hotpath_compares_two_trees_for_every_setting(tmp_path):
     code, out = run([sys.executable, "scripts/bench_hotpath.py", "--before", "HEAD",
                      "--runs", "1", "--json", str(out_json)], timeout=300)
     assert code == 0, out
-    assert "8-byte allreduce, us per call, 2 ranks" in out, out
+    assert "small calls (8-byte allreduce and broadcast" in out, out
     result = json.loads(out_json.read_text())
-    assert set(result["table"]) == {"mpi check=off", "mpi check=on", "robust check=off",
-                                    "robust check=on"}
+    assert set(result["table"]) == {f"{call}, {setting}"
+                                    for call in ("allreduce", "broadcast", "allgather")
+                                    for setting in ("mpi check=off", "mpi check=on",
+                                                    "robust check=off", "robust check=on")}
     for row in result["table"].values():
         assert 0 < row["raw"] and 0 < row["before"] and 0 < row["after"], row
     for setting, runs in result["runs"].items():
