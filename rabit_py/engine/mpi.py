@@ -33,7 +33,9 @@ engine's own control messages are sealed (Note [sealed messages] in
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
+import math
 import pickle
 import sys
 from typing import Any, Callable, List, NamedTuple, Optional, Tuple
@@ -51,8 +53,9 @@ from ..errors import CheckpointError, CollectiveMismatchError
 from ..ops import OpLike, dtype_code
 from . import _control as control
 from ._broadcast import OBJECT as PICKLED
-from ._broadcast import (ARRAY, CHECK, DEVICE, ERROR, HEADER_LEN, STAMP, array_header,
-                         broadcast_array, broadcast_device_array, root_header)
+from ._broadcast import (ARRAY, CHECK, DEVICE, ERROR, HEADER_LEN, MESSAGE_LEN, STAMP,
+                         array_header, broadcast_array, broadcast_device_array, header_dtype,
+                         inlined, received_shape, root_header)
 from ._checkpoint import serialize
 from ._frame import CallFrame
 from ._lifecycle import abort_init, install_excepthook, mark_every_rank
@@ -71,6 +74,11 @@ from .base import (CheckpointResult, DeviceTransports, Engine, EngineInfo, Prepa
 __all__ = ["MpiEngine"]
 
 log = logging.getLogger("rabit_py")
+
+# Note [allgather records]: a record is 16 int64s, the rows inline after 3.
+_GATHER_WORDS = 16
+_GATHER_HEAD = 3 * 8
+_GATHER_INLINE = _GATHER_WORDS * 8 - _GATHER_HEAD
 
 
 
@@ -120,7 +128,9 @@ class MpiEngine(Engine, Transport):
         self._reduce.set_hosts(hosts)
         frame.check = config.check and frame.size > 1
         self.checkpoints = Checkpoints(self._open_store(config, agree=check_settings))
-        self._header = np.zeros(HEADER_LEN, dtype=np.int64)
+        self._header = np.zeros(MESSAGE_LEN, dtype=np.int64)
+        self._gather: Optional[Tuple[np.ndarray, np.ndarray]] = None
+        self._inline = memoryview(self._header).cast("B")[HEADER_LEN * 8:]
         self._resources = Resources()
         self._transports = Transports(self, self, device_transports)
         frame.reporter = Reporter.for_rank(config.run_status_dir, frame.rank)
@@ -301,8 +311,8 @@ class MpiEngine(Engine, Transport):
         try:
             if frame.size == 1:
                 return data.copy()
-            counts, _ = self._row_counts(data.shape[0], 0)     # device rows: no CRC
-            return transport.allgather(data, counts.tolist())
+            counts, _, _ = self._row_counts(data.shape[0], 0)   # device rows: no CRC
+            return transport.allgather(data, counts)
         except MPI.Exception as exc:
             raise frame.failure(exc) from exc
         finally:
@@ -425,11 +435,23 @@ class MpiEngine(Engine, Transport):
             stamp = control.stamp(frame.token[1], frame.token[2])
             if is_root:
                 values[STAMP] = stamp
-                header[:] = values
+                header[:HEADER_LEN] = values
+                if inlined(values):
+                    nbytes = values[1]
+                    self._inline[:nbytes] = (payload if payload is not None
+                                             else data.tobytes())
             frame.comm.Bcast(header, root=root)
-            h = header.tolist()
+            h = header[:HEADER_LEN].tolist()
             if h[STAMP] != stamp:
                 self._out_of_step("broadcast", root, stamp, [h[STAMP]])
+            inline = inlined(h)
+            if h[0] == ARRAY and inline:
+                received = data if is_root else self._inline_array(data, h, root)
+                if not is_root and crc32c(received) != h[CHECK]:
+                    raise control.InterruptedExchange(
+                        f"broadcast #{frame.token[2]} from root {root}: the array differs from "
+                        f"the root's (CRC-32C)")
+                return received, Carried(False, None)
             if h[0] == ARRAY:
                 received = broadcast_array(frame.comm, frame.rank, data, h, root)
                 if not is_root and crc32c(received) != h[CHECK]:
@@ -440,9 +462,13 @@ class MpiEngine(Engine, Transport):
             if h[0] == DEVICE:
                 return (broadcast_device_array(frame.comm, frame.rank, self.device_transport(),
                                                data, h, root), Carried(True, None))
-            if not is_root:
-                payload = bytearray(h[1])
-            frame.comm.Bcast([payload, MPI.BYTE], root=root)
+            if inline:
+                if not is_root:
+                    payload = bytes(self._inline[:h[1]])
+            else:
+                if not is_root:
+                    payload = bytearray(h[1])
+                frame.comm.Bcast([payload, MPI.BYTE], root=root)
             pickled = bytes(payload)
             if not is_root:
                 frame.check_revoked()       # before unpickling what may be half a message
@@ -460,6 +486,24 @@ class MpiEngine(Engine, Transport):
                             ) from pickle_error
         return (data if is_root else pickle.loads(payload)), Carried(False, pickled)
 
+    def _inline_array(self, data: Any, header: List[int], root: int) -> np.ndarray:
+        """A receiver's array whose payload came in the header's message: in
+        place in a matching array, else a new one (as ``broadcast_array``)."""
+        shape = received_shape(self.frame.comm, header, root)
+        dtype = header_dtype(header)
+        values = np.frombuffer(self._inline, dtype=dtype,
+                               count=header[1] // dtype.itemsize).reshape(shape)
+        if isinstance(data, np.ndarray) and data.shape == shape and data.dtype == dtype:
+            data[...] = values
+            return data
+        if isinstance(data, np.ndarray):
+            # Only reachable with the signature check off (as broadcast_array).
+            raise CollectiveMismatchError(
+                f"rank {self.frame.rank}: broadcast from root {root} sent "
+                f"{dtype}{list(shape)} but this rank passed {data.dtype}{list(data.shape)} to "
+                f"receive it in place")
+        return values.copy()
+
     def allgather(self, data: np.ndarray) -> np.ndarray:
         frame = self.frame
         error = check_allgather(data)
@@ -469,14 +513,22 @@ class MpiEngine(Engine, Transport):
             if frame.size == 1:
                 return data.copy()
             data = np.ascontiguousarray(data)
-            counts, checks = self._row_counts(data.shape[0], crc32c(data))
-            row = int(np.prod(data.shape[1:], dtype=np.int64))
-            out = np.empty((int(counts.sum()),) + data.shape[1:], dtype=data.dtype)
-            displs = np.zeros(frame.size, dtype=np.int64)
-            np.cumsum(counts[:-1], out=displs[1:])
-            mpitype = from_numpy_dtype(data.dtype)
-            frame.comm.Allgatherv([data, mpitype],
-                                  [out, (counts * row, displs * row), mpitype])
+            counts, checks, records = self._row_counts(data.shape[0], crc32c(data), data)
+            row = math.prod(data.shape[1:])
+            out = np.empty((sum(counts),) + data.shape[1:], dtype=data.dtype)
+            displs = list(itertools.accumulate(counts, initial=0))[:-1]
+            row_bytes = row * data.itemsize
+            if max(counts) * row_bytes <= _GATHER_INLINE:
+                # Note [allgather records]: every rank's rows came with the counts.
+                flat, cells = out.reshape(-1).view(np.uint8), records.view(np.uint8)
+                for rank, rows in enumerate(counts):
+                    at, nbytes = displs[rank] * row_bytes, rows * row_bytes
+                    flat[at:at + nbytes] = cells[rank, _GATHER_HEAD:_GATHER_HEAD + nbytes]
+            else:
+                mpitype = from_numpy_dtype(data.dtype)
+                frame.comm.Allgatherv([data, mpitype],
+                                      [out, ([c * row for c in counts], [d * row for d in displs]),
+                                       mpitype])
             self._check_rows(out, counts, displs, checks)
             return out
         except MPI.Exception as exc:
@@ -484,26 +536,49 @@ class MpiEngine(Engine, Transport):
         finally:
             frame.leave()
 
-    def _row_counts(self, rows: int, check: int) -> Tuple[np.ndarray, np.ndarray]:
+    # Note [allgather records]
+    # An allgather starts with every rank's record: its row count, the call's
+    # stamp and the CRC-32C of its rows (Note [call stamps]), and its rows
+    # themselves where they fit in the rest of the record's 128 bytes. When
+    # every rank's rows fit, every rank has them all after that one
+    # MPI_Allgather, as every rank sees every count; else an Allgatherv
+    # follows. A small allgather is one MPI call, not two.
+
+    def _row_counts(self, rows: int, check: int, data: Optional[np.ndarray] = None
+                    ) -> Tuple[List[int], List[int], np.ndarray]:
         """Every rank's row count and ``check`` (the CRC-32C of its rows) for
-        an allgather, with the call's stamp checked (Note [call stamps])."""
+        an allgather, with the call's stamp checked (Note [call stamps]), and
+        the records themselves, which hold ``data`` where it fits (Note
+        [allgather records])."""
         frame = self.frame
         stamp = control.stamp(frame.token[1], frame.token[2])
-        mine = np.array([rows, stamp, check], dtype=np.int64)
-        triples = np.empty((frame.size, 3), dtype=np.int64)
-        frame.comm.Allgather(mine, triples)
-        if (triples[:, 1] != stamp).any():
-            self._out_of_step("allgather", None, stamp, triples[:, 1].tolist())
-        return triples[:, 0].copy(), triples[:, 2].copy()
+        mine, records = self._gather_buffers()
+        mine[:3] = (rows, stamp, check)
+        if data is not None and data.nbytes <= _GATHER_INLINE:
+            mine.view(np.uint8)[_GATHER_HEAD:_GATHER_HEAD + data.nbytes] = \
+                data.reshape(-1).view(np.uint8)
+        frame.comm.Allgather(mine, records)
+        table = records[:, :3].tolist()
+        stamps = [t[1] for t in table]
+        if any(s != stamp for s in stamps):
+            self._out_of_step("allgather", None, stamp, stamps)
+        return [t[0] for t in table], [t[2] for t in table], records
 
-    def _check_rows(self, out: np.ndarray, counts: np.ndarray, displs: np.ndarray,
-                    checks: np.ndarray) -> None:
+    def _gather_buffers(self) -> Tuple[np.ndarray, np.ndarray]:
+        """This rank's record and every rank's (Note [allgather records])."""
+        size = self.frame.size
+        if self._gather is None or self._gather[1].shape[0] != size:
+            self._gather = (np.zeros(_GATHER_WORDS, dtype=np.int64),
+                            np.zeros((size, _GATHER_WORDS), dtype=np.int64))
+        return self._gather
+
+    def _check_rows(self, out: np.ndarray, counts: List[int], displs: List[int],
+                    checks: List[int]) -> None:
         """Note [call stamps]: every rank's rows as that rank sent them; an
         allgather that returned with another rank's rows missing or torn (a
         rank killed in it) is an interrupted call."""
-        for rank in range(self.frame.size):
-            block = out[int(displs[rank]):int(displs[rank] + counts[rank])]
-            if crc32c(block) != checks[rank]:
+        for rank, (at, rows, check) in enumerate(zip(displs, counts, checks)):
+            if crc32c(out[at:at + rows]) != check:
                 raise control.InterruptedExchange(
                     f"allgather #{self.frame.token[2]}: the rows of rank {rank} differ from "
                     f"what it sent (CRC-32C)")

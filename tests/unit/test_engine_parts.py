@@ -104,6 +104,19 @@ def test_a_device_header_is_an_array_header_with_another_mode():
         bc.array_header(bc.ARRAY, (2, 3), np.dtype(np.int64))[1:]
 
 
+def test_small_payloads_ride_in_the_header_message():
+    fits = bc.INLINE_BYTES // 8
+    assert bc.inlined(bc.root_header(np.zeros(fits))[0])
+    assert not bc.inlined(bc.root_header(np.zeros(fits + 1))[0])
+    assert bc.inlined(bc.root_header(np.zeros(()))[0])                 # 0-d
+    assert bc.inlined(bc.root_header(np.zeros((0, 3)))[0])             # empty
+    assert not bc.inlined(bc.root_header(np.zeros((1, 1, 1, 1, 2)))[0])  # shape sent apart
+    assert bc.inlined(bc.root_header({"lr": 0.1})[0])
+    assert not bc.inlined(bc.root_header(b"x" * 1000)[0])
+    assert not bc.inlined(bc.array_header(bc.DEVICE, (2,), np.dtype(np.float32)))
+    assert bc.MESSAGE_LEN * 8 == bc.HEADER_LEN * 8 + bc.INLINE_BYTES
+
+
 # ------------------------------------------------------------------ _watchdog
 
 
