@@ -200,9 +200,10 @@ class RobustEngine(MpiEngine):
     # replay -- or, while the job recovers, by rounds of the recovery protocol
     # that end in serve(entry, *args) (the survivors' result, checked against
     # the call) or in execute. execute and serve are methods, not closures.
-    # The allreduce (the hot path) runs _step's first branch itself: when
-    # the job is not recovering it executes at once, and a lost peer met
-    # there is recovered (as _until_done does) before _call takes over.
+    # The allreduce, broadcast and allgather (the hot paths) run _step's first
+    # branch themselves: when the job is not recovering they execute at once,
+    # and a lost peer met there is recovered (as _until_done does) before
+    # _call takes over.
     def allreduce(self, data: np.ndarray, op: OpLike,
                   prepare_fun: Optional[PrepareFn] = None) -> np.ndarray:
         error = check_allreduce(data, op)
@@ -301,6 +302,12 @@ class RobustEngine(MpiEngine):
     def broadcast(self, data: Any, root: int = 0) -> Any:
         key = self._next_key()
         described = self.broadcast_input(data, root)        # once: checks, device lookup
+        if not self._recovering:
+            # The first branch of _step, inlined as in allreduce (Note [robust call]).
+            try:
+                return self._execute_broadcast(key, described[4], data, root, described)
+            except PeerFailure:
+                self._recover()
         return self._call(Kind.BROADCAST, key, described[4], self._execute_broadcast,
                           self._serve_broadcast, None, data, root, described)
 
@@ -339,7 +346,14 @@ class RobustEngine(MpiEngine):
 
     def allgather(self, data: np.ndarray) -> np.ndarray:
         key = self._next_key()
-        return self._call(Kind.ALLGATHER, key, allgather_call(data), self._execute_allgather,
+        call = allgather_call(data)
+        if not self._recovering:
+            # The first branch of _step, inlined as in allreduce (Note [robust call]).
+            try:
+                return self._execute_allgather(key, call, data, False)
+            except PeerFailure:
+                self._recover()
+        return self._call(Kind.ALLGATHER, key, call, self._execute_allgather,
                           self._serve_gathered, None, data, False)
 
     def device_allgather(self, data: Any) -> Any:
