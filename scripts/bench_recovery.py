@@ -386,7 +386,7 @@ def compare_trees(args: argparse.Namespace, common: List[str]) -> int:
     print(f"\nrecovery of one killed rank, {args.ranks} ranks on {os.cpu_count()} cores"
           + (" (oversubscribed)" if args.ranks > (os.cpu_count() or 1) else "")
           + f", {args.runs} runs per tree alternating; before = {args.before}; seconds, "
-            f"median [min-max]")
+            f"median (min-max)")
     columns = list(STEP_ORDER) + ["kill_to_progress", "added_loop"]
     print(f"{'':>16}" + "".join(f"{c:>21}" for c in columns))
     table: Dict[str, Dict[str, List[float]]] = {}
