@@ -335,3 +335,26 @@ def test_ucx_memory_events_left_alone_with_rdma_or_a_user_setting(monkeypatch):
     assert "UCX_MEM_EVENTS" not in os.environ
     assert _hooks(monkeypatch, None, preset="yes") is False
     assert os.environ["UCX_MEM_EVENTS"] == "yes"
+
+
+# --- Note [checksum import]: the C function, loaded without the package's
+# __init__, or the plain import where the layout is another.
+
+def test_crc32c_is_the_package_function_without_importing_the_package():
+    import subprocess
+    import sys
+    code = ("import sys; from rabit_py.engine._checksum import crc32c; "
+            "print(crc32c(b'123456789'), 'crc32c' in sys.modules, "
+            "'importlib.metadata' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == [str(0xE3069283), "False", "False"]      # CRC-32C's check value
+
+
+def test_crc32c_falls_back_to_the_plain_import(monkeypatch):
+    import importlib.util
+
+    from rabit_py.engine import _checksum
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    fallback = _checksum._load()
+    assert fallback(b"123456789") == 0xE3069283
