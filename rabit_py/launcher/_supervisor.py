@@ -29,8 +29,12 @@ ranks run in process groups of their own -- when:
 5: when a process taking part dies during them, the survivors wait for good
 (no repair output, then ``NBC_Progress: an error 75`` loops).
 The engine's RABIT_RECOVERY_TIMEOUT ends such a repair, but only after its
-30 s. Ranks inside a spawn report it in their heartbeat (state ``spawn`` and
-the ranks that repair replaces, by spawned processes or by spares), so
+30 s. The survivors wait for new processes asleep, outside MPI, and a death
+then is recovered in the job (Note [quiet spawn] in
+``engine/recovery/_join.py``); from the moment they are all inside MPI with
+the newcomers (the accept on the port, the merge) they report the spawn in
+their heartbeat (state ``spawn`` and the ranks that repair replaces, by
+spawned processes or by spares), so
 rabit-run can tell that case exactly: a rank whose process is gone and which
 is not among those being replaced died during the spawn (or just before it,
 which wedges it as well). A rank that a spare takes over in the same repair

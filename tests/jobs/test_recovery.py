@@ -102,6 +102,29 @@ def test_survivors_wait_for_a_slow_replacement_asleep(reference):
     assert all(r["cpu_s"] < 1.5 for r in survivors), [r["cpu_s"] for r in survivors]
 
 
+def test_a_survivor_killed_while_a_replacement_starts(reference):
+    # Note [quiet spawn]: rank 1 dies (mock) and its replacement sleeps 3 s
+    # before init(); 1 s into that, rank 3 -- asleep, waiting for it -- is
+    # SIGKILLed from outside. The survivors must notice, repair again and
+    # replace both ranks in the job.
+    import threading
+
+    pids = {}
+
+    def on_line(line: str) -> None:
+        if line.startswith("START "):
+            start = json.loads(line[6:])
+            pids.setdefault(start["rank"], start["pid"])
+        elif line.startswith("rabit_py mock: rank 1 killed"):
+            threading.Timer(1.0, os.kill, (pids[3], signal.SIGKILL)).start()
+
+    code, out, starts, results = run_job({"RABIT_ENGINE": "mock", "RABIT_MOCK": "1,2,1,0"},
+                                         "--slow-replacement", "3", on_line=on_line,
+                                         timeout=240)
+    assert_recovered(out, starts, results, reference, {1, 3})
+    assert "restart 1 of" not in out, out[-6000:]
+
+
 def _last_kill(plan, rank):
     points = [tuple(map(int, p.split(","))) for p in plan.split(";")]
     return max((v, s) for r, v, s, _ in points if r == rank)

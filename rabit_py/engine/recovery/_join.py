@@ -170,18 +170,26 @@ def spawn_info() -> "MPI.Info":
 #    wait for it in an MPI_Ibarrier on ``comm`` that they test between short
 #    sleeps.
 # 2. The newcomers, once in their join, enter an MPI_Ibarrier with the root
-#    (which it tests between sleeps likewise) and receive the port's name.
-# 3. The root enters the survivors' Ibarrier; all survivors accept on the
-#    port, the newcomers connect to it (MPI_Comm_accept/connect: 2-3 ms here,
-#    everyone being there), and the intercommunicator is merged with the
-#    survivors first, in their order, as the collective spawn's merge did.
+#    (which it tests between sleeps likewise).
+# 3. The root enters the survivors' Ibarrier, then sends the newcomers the
+#    port's name (an empty one if that barrier failed: they end at once
+#    instead of waiting for a port that nobody accepts on); all survivors
+#    accept on the port, the newcomers connect to it (MPI_Comm_accept/connect:
+#    2-3 ms here, everyone being there), and the intercommunicator is merged
+#    with the survivors first, in their order, as the collective spawn's merge
+#    did.
 #
 # Connecting every survivor to the newcomers matters: an intercommunicator
 # built over the root's merge alone (MPI_Intercomm_create) gave a
 # communicator whose first collective hung, since only the root's process
 # had been connected to the newcomers' job. A failure on the way reaches the
 # sleepers like any other: the root's next attempt revokes their
-# communicator, and their Ibarrier fails.
+# communicator, and their Ibarrier fails. So a survivor that dies while a
+# replacement starts is replaced in the same job (inside the collective
+# spawn, a death wedged the repair, and rabit-run ended the job: Note [stuck
+# spawn]); only from the accept on, every survivor inside MPI with the
+# newcomers, does a death still wedge it, and only from there do the
+# survivors report the spawn in their heartbeat (``times.spawning``).
 
 _QUIET_POLL_S = 0.0005
 
@@ -194,15 +202,17 @@ def wait_quietly(request: "MPI.Request") -> None:
 
 
 def spawn_and_merge(comm: "MPI.Intracomm", count: int, root: int, state: Optional["JoinState"],
-                    times: "RepairTimes") -> "MPI.Intracomm":
+                    times: "RepairTimes", replaced: List[int]) -> "MPI.Intracomm":
     """Spawn ``count`` processes of this program (``comm``'s ``root`` spawns;
     collective on ``comm``), merge them in after ``comm``'s members and send
     them ``state`` (that of the merged communicator's rank 0, ``comm``'s rank
     0): what spawned replacements (Note [repair]) and a spare pool's rebuild
     (Note [spares]) share; the survivors wait asleep (Note [quiet spawn]).
-    The caller sets ``times.spawning`` before and clears it once the new
-    processes are in (Note [stuck spawn]). ``times.spawn``: on the root, the
-    spawn; on the others, their wait until the newcomers are ready.
+    ``times.spawning`` is set to ``replaced`` (the ranks this repair
+    replaces) from the moment every survivor is inside MPI with the
+    newcomers, where a death would wedge the repair (Note [stuck spawn]); the
+    caller clears it once the new processes are in. ``times.spawn``: on the
+    root, the spawn; on the others, their wait until the newcomers are ready.
 
     Returns:
         The merged communicator (errors returned); the intermediate
@@ -224,15 +234,23 @@ def spawn_and_merge(comm: "MPI.Intracomm", count: int, root: int, state: Optiona
             try:
                 inter.Set_errhandler(MPI.ERRORS_RETURN)
                 wait_quietly(inter.Ibarrier())          # the newcomers are in their join
+                # The port's name once every survivor is there too; an empty
+                # name tells the newcomers that this attempt failed, so that
+                # they end now instead of at their join's deadline.
                 name = bytearray(MPI.MAX_PORT_NAME)
-                name[:len(port.encode())] = port.encode()  # type: ignore[union-attr]
-                inter.Bcast([name, MPI.CHAR], root=MPI.ROOT)
+                try:
+                    wait_quietly(comm.Ibarrier())
+                    name[:len(port.encode())] = port.encode()  # type: ignore[union-attr]
+                finally:
+                    inter.Bcast([name, MPI.CHAR], root=MPI.ROOT)
             finally:
                 free_comm(inter)
-        wait_quietly(comm.Ibarrier())
+        else:
+            wait_quietly(comm.Ibarrier())
         if not is_root:
             times.spawn += time.perf_counter() - t0
             t0 = time.perf_counter()
+        times.spawning = list(replaced)
         connected = comm.Accept(port, root=root)
     finally:
         if port is not None:
@@ -248,16 +266,19 @@ def spawn_and_merge(comm: "MPI.Intracomm", count: int, root: int, state: Optiona
     return merged
 
 
-def join_spawner() -> Tuple["MPI.Intracomm", int]:
+def join_spawner() -> Optional[Tuple["MPI.Intracomm", int]]:
     """A spawned process's side of :func:`spawn_and_merge` (Note [quiet
     spawn]): the merged communicator (errors returned) and how many members
-    come before the new processes. Raises ``MPI.Exception``."""
+    come before the new processes; None when the repair that spawned this
+    process failed before it could join. Raises ``MPI.Exception``."""
     parent = MPI.Comm.Get_parent()
     parent.Set_errhandler(MPI.ERRORS_RETURN)
     parent.Ibarrier().Wait()
     name = bytearray(MPI.MAX_PORT_NAME)
     parent.Bcast([name, MPI.CHAR], root=0)
     port = bytes(name).split(b"\0", 1)[0].decode()
+    if not port:
+        return None
     connected = MPI.COMM_WORLD.Connect(port, root=0)
     connected.Set_errhandler(MPI.ERRORS_RETURN)
     try:

@@ -115,9 +115,9 @@ class SpawnReplacer(Replacer):
             raise RecoveryError(give_up)
         if check_dead is not None:
             check_dead(shrunk, dead)
-        times.spawning = list(dead)
         merged = spawn_and_merge(shrunk, len(dead), 0,
-                                 make_state(dead) if shrunk.Get_rank() == 0 else None, times)
+                                 make_state(dead) if shrunk.Get_rank() == 0 else None, times,
+                                 dead)
         t0 = time.perf_counter()
         new = merged.Split(0, key=my_rank)
         new.Set_errhandler(MPI.ERRORS_RETURN)
@@ -162,7 +162,11 @@ def _end_replacement(why: str) -> None:
 
 def _join() -> Tuple[Optional["MPI.Intracomm"], int, JoinState, Any]:
     try:
-        merged, before = join_spawner()
+        joined = join_spawner()
+        if joined is None:
+            kill_self("rabit_py: a replacement is not needed: the repair that started it "
+                      "failed before it could join (the survivors repair again); ending it")
+        merged, before = joined  # type: ignore[misc]
         state: JoinState = control.bcast(merged, None, 0, "repair.join_state")
         index = merged.Get_rank() - before
         if state.spawned is not None:

@@ -272,10 +272,10 @@ class SparePool(Replacer):
                 # Every rank this repair replaces, spares' included: one that a
                 # spare takes over died before the shrink and cannot wedge the
                 # spawn (Note [stuck spawn]).
-                times.spawning = list(state.dead)
                 spawned = spawned + [-1] * gathered[leader][3]
                 pool = spawn_and_merge(shrunk, len(spawned), leader,
-                                       dataclasses.replace(state, spawned=spawned), times)
+                                       dataclasses.replace(state, spawned=spawned), times,
+                                       state.dead)
                 times.spawning = []
             t0 = time.perf_counter()
             me = shrunk.Get_rank()
