@@ -35,6 +35,7 @@ from ..ops import DTYPES, dtype_code
 
 __all__ = ["HEADER_LEN", "MESSAGE_LEN", "INLINE_BYTES", "inlined", "STAMP", "CHECK", "ARRAY", "OBJECT", "ERROR", "DEVICE", "root_header",
            "array_header", "header_dtype", "inline_shape", "broadcast_array", "received_shape",
+           "receive_mismatch",
            "broadcast_device_array"]
 
 HEADER_LEN = 10
@@ -104,12 +105,19 @@ def broadcast_array(comm: Any, rank: int, data: Any, header: List[int], root: in
     out = np.empty(shape, dtype=dtype)
     comm.Bcast(out, root=root)
     if isinstance(data, np.ndarray):
-        # Only reachable with the signature check off; we still took part in
-        # the Bcast above, so the other ranks are not left waiting.
-        raise CollectiveMismatchError(
-            f"rank {rank}: broadcast from root {root} sent {dtype}{list(shape)} "
-            f"but this rank passed {data.dtype}{list(data.shape)} to receive it in place")
+        # We still took part in the Bcast above, so the other ranks are not
+        # left waiting.
+        raise receive_mismatch(rank, root, dtype, shape, data)
     return out
+
+
+def receive_mismatch(rank: int, root: int, dtype: np.dtype, shape: Tuple[int, ...],
+                     data: np.ndarray) -> CollectiveMismatchError:
+    """A receiver passed an array that the root's does not fit (only
+    reachable with the signature check off)."""
+    return CollectiveMismatchError(
+        f"rank {rank}: broadcast from root {root} sent {dtype}{list(shape)} "
+        f"but this rank passed {data.dtype}{list(data.shape)} to receive it in place")
 
 def received_shape(comm: Any, header: List[int], root: int) -> Tuple[int, ...]:
     """The shape an array header announces (a second message past INLINE_DIMS)."""
@@ -149,7 +157,5 @@ def broadcast_device_array(comm: Any, rank: int, transport: Any, data: Any, head
         np.copyto(data, transport.to_host(out))
         return data
     if isinstance(data, np.ndarray) or transport.carries(data):
-        raise CollectiveMismatchError(
-            f"rank {rank}: broadcast from root {root} sent {dtype}{list(shape)} "
-            f"but this rank passed {data.dtype}{list(data.shape)} to receive it in place")
+        raise receive_mismatch(rank, root, dtype, shape, data)
     return out

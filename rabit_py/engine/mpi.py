@@ -55,7 +55,7 @@ from . import _control as control
 from ._broadcast import OBJECT as PICKLED
 from ._broadcast import (ARRAY, CHECK, DEVICE, ERROR, HEADER_LEN, MESSAGE_LEN, STAMP,
                          array_header, broadcast_array, broadcast_device_array, header_dtype,
-                         inlined, received_shape, root_header)
+                         inlined, receive_mismatch, received_shape, root_header)
 from ._checkpoint import serialize
 from ._frame import CallFrame
 from ._lifecycle import abort_init, install_excepthook, mark_every_rank
@@ -445,15 +445,9 @@ class MpiEngine(Engine, Transport):
             if h[STAMP] != stamp:
                 self._out_of_step("broadcast", root, stamp, [h[STAMP]])
             inline = inlined(h)
-            if h[0] == ARRAY and inline:
-                received = data if is_root else self._inline_array(data, h, root)
-                if not is_root and crc32c(received) != h[CHECK]:
-                    raise control.InterruptedExchange(
-                        f"broadcast #{frame.token[2]} from root {root}: the array differs from "
-                        f"the root's (CRC-32C)")
-                return received, Carried(False, None)
             if h[0] == ARRAY:
-                received = broadcast_array(frame.comm, frame.rank, data, h, root)
+                received = (broadcast_array(frame.comm, frame.rank, data, h, root) if not inline
+                            else data if is_root else self._inline_array(data, h, root))
                 if not is_root and crc32c(received) != h[CHECK]:
                     raise control.InterruptedExchange(
                         f"broadcast #{frame.token[2]} from root {root}: the array differs from "
@@ -497,11 +491,7 @@ class MpiEngine(Engine, Transport):
             data[...] = values
             return data
         if isinstance(data, np.ndarray):
-            # Only reachable with the signature check off (as broadcast_array).
-            raise CollectiveMismatchError(
-                f"rank {self.frame.rank}: broadcast from root {root} sent "
-                f"{dtype}{list(shape)} but this rank passed {data.dtype}{list(data.shape)} to "
-                f"receive it in place")
+            raise receive_mismatch(self.frame.rank, root, dtype, shape, data)
         return values.copy()
 
     def allgather(self, data: np.ndarray) -> np.ndarray:
