@@ -79,14 +79,18 @@ class HostReduce:
         (decided at the first allreduce that could)."""
         return self._shm is not None and self._shm.max_node_size > 1
 
-    def run(self, data: np.ndarray, op: OpLike, out: Optional[np.ndarray]) -> None:
+    def run(self, data: np.ndarray, op: OpLike, out: Optional[np.ndarray],
+            as_plain: bool = False) -> None:
         """Reduce ``data`` in place, or into ``out`` leaving ``data`` as it is.
-        Raises ``MPI.Exception`` (the engine turns it into its error)."""
+        ``as_plain``: as the plain engine would, though this one keeps
+        results (every rank passes the same: the robust engine past its
+        cache budget). Raises ``MPI.Exception`` (the engine turns it into
+        its error)."""
         if self._size == 1:
             if out is not None:
                 np.copyto(out, data)
             return
-        shm = data.nbytes >= self._shm_from and self._wants_shm(data, op)
+        shm = data.nbytes >= self._shm_from and self._wants_shm(data, op, as_plain)
         if not shm and not isinstance(op, CustomOp):
             table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
             self._comm.Allreduce(MPI.IN_PLACE if out is None else data,
@@ -97,7 +101,7 @@ class HostReduce:
             np.copyto(out, data)        # the other paths reduce in place
             target = out
         if shm:
-            self._allreduce_shm(target, op)
+            self._allreduce_shm(target, op, as_plain)
         else:
             _allreduce_custom(target, op, self._comm)   # type: ignore[arg-type]
 
@@ -129,10 +133,10 @@ class HostReduce:
             self._lost(reducer)
             raise
 
-    def _wants_shm(self, data: np.ndarray, op: OpLike) -> bool:
+    def _wants_shm(self, data: np.ndarray, op: OpLike, as_plain: bool = False) -> bool:
         """Whether this call takes the shared-memory path (collective the
         first time: the groups are agreed and the reducer is built)."""
-        threshold = self._min_bytes
+        threshold = self._config.shm_min_bytes if as_plain else self._min_bytes
         if isinstance(op, CustomOp):
             threshold = min(threshold, _SHM_CUSTOM_MIN_BYTES)
         if not self._config.shm or not SHM_SUPPORTED or data.nbytes < max(1, threshold):
@@ -160,12 +164,14 @@ class HostReduce:
             return host_groups(names, self._config.node_size)
         return [int(g) for g in known]
 
-    def _allreduce_shm(self, data: np.ndarray, op: OpLike) -> None:
+    def _allreduce_shm(self, data: np.ndarray, op: OpLike, as_plain: bool = False) -> None:
         """``data`` is C-contiguous: check_allreduce refuses anything else."""
         reducer = self._shm
         assert reducer is not None
-        if reducer.keeps and self.kept_from <= data.nbytes and not isinstance(op, CustomOp):
-            # A reducer that keeps results runs one protocol for every call.
+        if (reducer.keeps and self.kept_from <= data.nbytes and not isinstance(op, CustomOp)
+                and not as_plain):
+            # A reducer that keeps results runs one protocol for every call
+            # of a size, whichever rank keeps the result.
             self._reduce_to_area(reducer, data, op, in_place=True)
             return
         try:

@@ -350,19 +350,22 @@ class MpiEngine(Engine, Transport):
 
     def framed_allreduce(self, data: np.ndarray, op: OpLike, prepare_fun: Optional[PrepareFn],
                          error: Optional[BaseException], out: Optional[np.ndarray] = None,
-                         call: Optional[Call] = None, keep: bool = False) -> np.ndarray:
+                         call: Optional[Call] = None, keep: bool = False,
+                         past_budget: bool = False) -> np.ndarray:
         """The framed allreduce of ``data`` (``error``: the input check's
         refusal). With ``out`` (C-contiguous, ``data``'s shape and dtype) the
         result goes there and ``data`` keeps what it holds after
         ``prepare_fun``, so a call that fails half-way can run again. Ranks
         may differ in passing ``out`` (the robust engine reduces in place
-        with a ``prepare_fun`` or past its cache budget): Open MPI copies a
-        send buffer into the receive buffer before its algorithm runs, so
-        MPI_IN_PLACE on some ranks only gives the same bits (tested).
+        with a ``prepare_fun``): Open MPI copies a send buffer into the
+        receive buffer before its algorithm runs, so MPI_IN_PLACE on some
+        ranks only gives the same bits (tested).
         ``call``: the call's description, if the caller made it already
         (:func:`allreduce_call`). ``keep``: the result may stay where the
         shared-memory path put it, a read-only array to keep (Note [kept
         results] in ``_shm.py``), and ``data`` keeps what it holds.
+        ``past_budget``: the robust engine keeps nothing of this call, on
+        every rank (Note [uniform budget]): reduced as the plain engine does.
         Returns where the result is."""
         frame = self.frame
         if call is None and error is None and frame.check:
@@ -376,7 +379,7 @@ class MpiEngine(Engine, Transport):
                 kept = reduce.run_kept(data, op)
                 if kept is not None:
                     return kept
-            reduce.run(data, op, out)
+            reduce.run(data, op, out, past_budget)
         except MPI.Exception as exc:
             raise frame.failure(exc) from exc
         finally:

@@ -74,8 +74,8 @@ from ._validate import check_allreduce
 from ._versions import NO_LAZY
 from .base import CheckpointResult, DeviceTransports, EngineInfo, PrepareFn
 from .mpi import MpiEngine
-from .recovery import (BOOT, Entry, Recovery, Replicas, ResultCache, code_key, default_budget,
-                       enter_job, key_code)
+from .recovery import (BOOT, BOOT_SHARE, Entry, Recovery, Replicas, ResultCache, code_key,
+                       default_budget, enter_job, key_code)
 
 __all__ = ["RobustEngine"]
 
@@ -123,8 +123,14 @@ class RobustEngine(MpiEngine):
             comm.Agree(1)
         if joined.owns_comm:
             comm.Free()                 # ours, not the caller's: the engine runs on a Dup
-        self._cache = ResultCache(config.cache_budget or default_budget(),
-                                  config.result_copies)
+        if not replacement and not config.cache_budget:
+            # Note [uniform budget]: the smallest rank's default, kept in the
+            # settings that a replacement is given.
+            budget = default_budget()
+            if self.frame.size > 1:
+                budget = control.reduce_int(self.frame.comm, budget, MPI.MIN)
+            config = self._config = dataclasses.replace(config, cache_budget=budget)
+        self._cache = ResultCache(config.cache_budget, config.result_copies)
         self._epoch = BOOT
         self._recovering = replacement
         self._has_version = not replacement
@@ -250,8 +256,9 @@ class RobustEngine(MpiEngine):
                           prepare_fun: Optional[PrepareFn]) -> np.ndarray:
         """The allreduce of ``key`` reduced in place (Note [in-place robust
         allreduce]): with ``prepare_fun``, then its result copied into the
-        cache; past the cache budget without it, kept nowhere."""
-        if prepare_fun is not None:
+        cache; past the cache budget, kept nowhere (every rank alike: Note
+        [uniform budget])."""
+        if not self._cache.refused:
             result = self.framed_allreduce(data, op, prepare_fun, None, None, call, True)
             self.frame.check_revoked()
             if result is data:
@@ -262,7 +269,7 @@ class RobustEngine(MpiEngine):
             self._thin(key)
             return data
         try:
-            self.framed_allreduce(data, op, None, None, None, call)
+            self.framed_allreduce(data, op, prepare_fun, None, None, call, past_budget=True)
             self.frame.check_revoked()
         except PeerFailure as exc:
             raise self.recovery.give_up(RecoveryError(
@@ -281,17 +288,22 @@ class RobustEngine(MpiEngine):
     # that an interrupted call finds its input intact and can run again
     # (Note [result cache]), then copies the result back; from it, the node's
     # shared memory holds the result and the input is only read (Note [kept
-    # results] in _shm.py), and the cases below take that path too. Open MPI's
-    # out-of-place Allreduce costs more than its in-place one on one host
-    # (raw mpi4py, 2 ranks on the development VM: 0.92 against 0.57 ms at
-    # 4 MiB). Two cases need no intact input, and reduce in place:
-    # - with prepare_fun, which remakes the input before the call runs again;
-    #   the result is then copied into the cache: one copy in all;
+    # results] in _shm.py). Open MPI's out-of-place Allreduce costs more than
+    # its in-place one on one host (raw mpi4py, 2 ranks on the development
+    # VM: 0.92 against 0.57 ms at 4 MiB). Two cases need no intact input,
+    # and reduce in place:
+    # - with prepare_fun, which remakes the input before the call runs again:
+    #   the same protocol as the others (ranks may differ in passing a
+    #   prepare_fun: see framed_allreduce); the result is then copied into
+    #   the cache, one copy in all;
     # - past the cache budget (Note [cache budget]), where nothing is kept:
-    #   a failure needs results that nobody holds anyway, so the call costs
-    #   the call alone, and a failure inside it ends the job for a restart
-    #   instead of running it again on a half-reduced input.
-    # Ranks may differ in taking these paths: see framed_allreduce.
+    #   a failure needs results that nobody holds anyway, so the call runs as
+    #   the plain engine's (MPI's in-place allreduce: 0.55 against 0.88 ms
+    #   for the kept-result protocol at 4 MiB on 2 ranks, Open MPI reading
+    #   the peer's memory directly), and a failure inside it ends the job
+    #   for a restart instead of running it again on a half-reduced input.
+    #   Every rank is past the budget in the same call (Note [uniform
+    #   budget]): the paths do not meet.
 
     def _refused_allreduce(self, key: Key, call: None, data: np.ndarray, op: OpLike,
                            prepare_fun: Optional[PrepareFn], error: BaseException) -> None:
@@ -392,14 +404,16 @@ class RobustEngine(MpiEngine):
             log.warning(
                 "rank %d: this program has not checkpointed since it started, so every "
                 "result since its start is kept for a replacement to replay, and at call #%d "
-                "they passed the cache budget (RABIT_CACHE_BUDGET=%d bytes). From here on "
-                "results are not kept and allreduces run in place, but a "
-                "failure ends the job for a restart from the start (or from the durable "
-                "checkpoint) instead of an in-job recovery. A checkpoint each iteration "
-                "(rabit.checkpoint(model), or rabit.lazy_checkpoint(model), which copies "
-                "nothing) lets the engine drop the results before it: a failure at any point "
-                "is then recovered in the job, by replaying at most one iteration's calls.",
-                self.frame.rank, key[1], self._cache.budget)
+                "they passed the part of the cache budget that start-up calls may use "
+                "(%d bytes: 1/%d of RABIT_CACHE_BUDGET=%d). From here on results are not "
+                "kept and allreduces run as on plain MPI, but a failure ends the job for a "
+                "restart from the start (or from the durable checkpoint) instead of an "
+                "in-job recovery. A checkpoint each iteration (rabit.checkpoint(model), or "
+                "rabit.lazy_checkpoint(model), which copies nothing) lets the engine drop "
+                "the results before it: a failure at any point is then recovered in the "
+                "job, by replaying at most one iteration's calls.",
+                self.frame.rank, key[1], self._cache.budget // BOOT_SHARE, BOOT_SHARE,
+                self._cache.budget)
         else:
             log.warning(
                 "rank %d: the results kept for replay since the last checkpoint passed the "

@@ -7,6 +7,7 @@ run one protocol and get the same bits."""
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import rabit_py as rabit
 from rabit_py import Op
@@ -74,25 +75,47 @@ def test_results_are_kept_in_one_area_per_node_reused_across_versions():
 
 @needs_ranks(2)
 def test_ranks_on_different_paths_in_one_call_get_the_same_bits():
-    # rank 0 with prepare_fun, the last rank past its cache budget (as on a
-    # host with less memory: settings must match, so set after init), any
-    # others by default: one shared-memory protocol, one result.
-    last = SIZE - 1
+    # rank 0 with prepare_fun (in place), the others by default (out of
+    # place): one shared-memory protocol, one result. Then the budget is
+    # passed: the call that passes it still runs that protocol (the result
+    # is not kept), and the calls after it, on every rank, rank 0 still
+    # with prepare_fun, MPI's own in-place allreduce, with MPI's bits.
     rabit.init(engine="robust", timeout=60)
     try:
         rabit.checkpoint(None)
-        if RANK == last:
-            rabit.api._engine._cache.budget = 1
         mine = my_input(99)
-        if RANK == 0:
-            got = rabit.allreduce(np.zeros_like(mine), Op.SUM,
-                                  prepare_fun=lambda buf: np.copyto(buf, mine))
-        else:
-            got = rabit.allreduce(mine.copy(), Op.SUM)
-        assert got.tobytes() == rank_order_sum(mine).tobytes()
-        info = rabit.engine_info()
-        assert info.cache_refused == (1 if RANK == last else 0)
-        assert info.cache_bytes == (0 if RANK == last else mine.nbytes)
+        mpi_bits = mine.copy()
+        WORLD.Allreduce(MPI.IN_PLACE, mpi_bits, op=MPI.SUM)
+        expected = [rank_order_sum(mine)] * 2 + [mpi_bits] * 2
+        for call, bits in enumerate(expected):
+            if call == 1:
+                # The budget is charged alike on every rank (Note [uniform
+                # budget]): one byte more than this version holds.
+                rabit.api._engine._cache.budget = mine.nbytes + 1
+            if RANK == 0:
+                got = rabit.allreduce(np.zeros_like(mine), Op.SUM,
+                                      prepare_fun=lambda buf: np.copyto(buf, mine))
+            else:
+                got = rabit.allreduce(mine.copy(), Op.SUM)
+            assert got.tobytes() == bits.tobytes(), call
+            info = rabit.engine_info()
+            assert (info.cache_refused, info.cache_bytes) == (call, mine.nbytes), call
+    finally:
+        rabit.finalize()
+
+
+@needs_ranks(2)
+def test_the_ranks_agree_on_the_smallest_default_budget(monkeypatch):
+    # Note [uniform budget]: hosts with more memory get larger defaults;
+    # the job runs on the smallest, which a replacement is given too.
+    import rabit_py.engine.robust as robust
+    monkeypatch.setattr(robust, "default_budget", lambda: (64 << 20) + (RANK + 1) * 4096)
+    rabit.init(engine="robust", timeout=60)
+    try:
+        engine = rabit.api._engine
+        assert rabit.engine_info().cache_budget == (64 << 20) + 4096
+        assert engine._config.cache_budget == (64 << 20) + 4096
+        assert engine.recovery.config.cache_budget == (64 << 20) + 4096
     finally:
         rabit.finalize()
 

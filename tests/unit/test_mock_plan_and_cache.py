@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rabit_py.engine import _mockplan as mock
-from rabit_py.engine.recovery._cache import BOOT, ResultCache
+from rabit_py.engine.recovery._cache import BOOT, BOOT_SHARE, ResultCache
 
 
 def test_parse_plan():
@@ -59,6 +59,58 @@ def test_the_cache_keeps_results_within_its_budget_only():
     assert not cache.full and cache.nbytes == 0
     cache.put_array((1, 0), 1, (), np.zeros(8))
     assert (1, 0) in cache
+
+
+def test_start_up_calls_may_use_an_eighth_of_the_budget_and_keep_it():
+    # Note [cache budget]: BOOT results live for the whole job, so they get
+    # 1/BOOT_SHARE of the budget; a version's calls get the rest.
+    assert BOOT_SHARE == 8
+    cache = ResultCache(budget=8 * 24)                   # BOOT may use 24 bytes
+    cache.put_owned((BOOT, 0), 1, (), np.zeros(2))       # 16: kept
+    cache.put_array((BOOT, 1), 1, (), np.zeros(2))       # 32 > 24: refused
+    cache.put_bytes((BOOT, 2), 2, (), b"x" * 8)          # 24: kept
+    assert [(BOOT, s) in cache for s in range(3)] == [True, False, True]
+    assert cache.refused == 1 and (cache.counted, cache.boot_counted) == (24, 24)
+    cache.drop_epochs_before(0)                          # load_checkpoint: version 0
+    assert cache.refused == 0 and cache.counted == 24 and (BOOT, 0) in cache
+    cache.put_bytes((0, 0), 2, (), b"x" * 160)           # 24 + 160 = 184 <= 192: kept
+    cache.put_bytes((0, 1), 2, (), b"x" * 9)             # 193 > 192: refused
+    assert (0, 0) in cache and (0, 1) not in cache and cache.counted == 184
+    cache.drop_epochs_before(1)                          # BOOT's share stays charged
+    assert cache.counted == 24 and cache.nbytes == 24
+
+
+def test_every_rank_passes_the_budget_at_the_same_call_whatever_it_holds():
+    # Note [uniform budget]: with result_copies each rank holds its share,
+    # but the budget is charged with every result, so the ranks refuse
+    # together (they must then take the same reduction path).
+    refused_at = {}
+    for rank in range(4):
+        cache = ResultCache(budget=8 * 5, copies=2)
+        refused_at[rank] = []
+        for seqno in range(8):
+            key = (0, seqno)
+            was = cache.refused
+            cache.put_owned(key, 1, (), cache.buffer_like(np.zeros(1)))
+            cache.thin(key, rank, 4)
+            if cache.refused > was:
+                refused_at[rank].append(seqno)
+        assert cache.nbytes < cache.counted == 40, rank     # holds less than it is charged
+    assert all(calls == [5, 6, 7] for calls in refused_at.values()), refused_at
+
+
+def test_a_replayed_result_is_charged_once_as_its_holder_was():
+    from rabit_py.engine.recovery._cache import Entry
+    survivor, replacement = ResultCache(budget=100), ResultCache(budget=100)
+    for seqno in range(3):
+        survivor.put_array((0, seqno), 1, (), np.full(4, seqno, dtype=np.float64))
+    for seqno in range(3):                               # served in the recovery rounds
+        replacement.put_entry((0, seqno), survivor.get((0, seqno)))
+    replacement.put_entry((0, 2), Entry(1, (), np.zeros(4)))    # the same call again
+    assert replacement.counted == survivor.counted == 96
+    survivor.put_array((0, 3), 1, (), np.zeros(1))       # 104 > 100: both refuse
+    replacement.put_array((0, 3), 1, (), np.zeros(1))
+    assert survivor.refused == replacement.refused == 1
 
 
 def test_the_default_budget_is_a_sixteenth_of_memory_shared_by_the_node(monkeypatch):

@@ -9,11 +9,11 @@ through the names below; its modules use the engine's call path (the frame,
 control messages, lifecycle) and tier T0, never the engines themselves.
 """
 
-from ._cache import BOOT, Entry, ResultCache, code_key, default_budget, key_code
+from ._cache import BOOT, BOOT_SHARE, Entry, ResultCache, code_key, default_budget, key_code
 from ._enter import Joined, enter_job
 from ._join import is_replacement
 from ._recovery import Recovery
 from ._replicas import Replicas
 
-__all__ = ["BOOT", "Entry", "ResultCache", "code_key", "default_budget", "key_code",
+__all__ = ["BOOT", "BOOT_SHARE", "Entry", "ResultCache", "code_key", "default_budget", "key_code",
            "Joined", "enter_job", "is_replacement", "Recovery", "Replicas"]
