@@ -4,9 +4,10 @@
                                           [--budget BYTES] [--json out.json] [--plot out.png]
 
 Existing code often reduces in a loop and never calls ``checkpoint``. Under
-rabit-run the robust engine keeps results for replay until the cache budget
-(Note [cache budget] in ``rabit_py/engine/recovery/_cache.py``); past it a call costs
-what the call itself costs. This script runs, side by side in one job, the
+rabit-run the robust engine keeps results for replay until the start-up
+calls' part of the cache budget (1/8; Note [cache budget] in
+``rabit_py/engine/recovery/_cache.py``); past it every rank reduces as on
+plain MPI, so a call costs what the call itself costs. This script runs, side by side in one job, the
 same in-place float32 SUM allreduce ``--calls`` times on raw mpi4py and on the
 robust engine, and reports the median and mean time per call, the ratio, the
 time per call over the loop (first and last tenth), the bytes the cache holds

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
@@ -164,12 +164,17 @@ def test_unprotected_mpi4py_calls_are_refused_by_name():
 TRAIN = [sys.executable, str(PROGRAMS / "dropin_train.py")]
 
 
-def train(api: str, kill_after_round: int = -1) -> Tuple[int, str, List[dict]]:
-    """One 4-rank run of the training loop; with ``kill_after_round`` >= 0,
-    rank 2 is SIGKILLed from outside once rank 0 has finished that round."""
+def train(api: str, kill_after_round: int = -1, *extra: str,
+          env: Optional[Dict[str, str]] = None) -> Tuple[int, str, List[dict]]:
+    """One 4-rank run of the training loop (``extra``: its arguments, then
+    rabit-run's); with ``kill_after_round`` >= 0, rank 2 is SIGKILLed from
+    outside once rank 0 has finished that round."""
     cmd = rabit_run(4, *TRAIN, "--api", api, "--sleep", "0.3" if kill_after_round >= 0 else "0")
+    if extra:
+        cmd[cmd.index("--"):cmd.index("--")] = ["--max-restarts", "1", "--restart-delay", "0"]
+        cmd += list(extra)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, env={**os.environ, **(env or {})})
     lines: List[str] = []
     try:
         victim, killed = None, False
@@ -203,3 +208,30 @@ def test_a_rank_killed_from_outside_is_replaced_and_the_model_is_bitwise_the_sam
     # ran the program from its start and gave the result.
     starts = [r for r in results(out, "START ") if r["rank"] == 2]
     assert len(starts) == 2 and starts[1]["pid"] in {r["pid"] for r in found}, out[-6000:]
+
+
+def test_a_loop_that_never_checkpoints_recovers_within_its_budget_and_restarts_past_it():
+    # Note [cache budget]: start-up calls may use 1/8 of the budget, here
+    # about 3.5 rounds of a 1 MiB sum: a kill after round 1 is recovered in
+    # the job (the replacement replays rounds 0-1); past the budget every
+    # rank sums with MPI's own allreduce, decided alike on the survivors and
+    # the replacement (Note [uniform budget]: a rank that took another path
+    # would hang the call or change the bits); a kill after round 5 needs
+    # results nobody kept, so the job restarts from its start. Every run
+    # gives the failure-free run's bits.
+    big = ["--big", str(1 << 18)]
+    env = {"RABIT_CACHE_BUDGET": str(28 << 20)}
+    code, reference_out, reference = train("mpi4py", -1, *big, env=env)
+    assert code == 0 and len(reference) == 4, reference_out[-6000:]
+    assert "passed the part of the cache budget that start-up calls may use" in reference_out
+    assert "at call #19 " in reference_out, reference_out[-6000:]   # round 3's sum (5 a round)
+    expected = {(reference[0]["digest"], reference[0]["big"])}
+    for kill_after, recovered in ((1, True), (5, False)):
+        code, out, found = train("mpi4py", kill_after, *big, env=env)
+        assert code == 0 and len(found) == 4, out[-6000:]
+        assert {(r["digest"], r["big"]) for r in found} == expected, out[-6000:]
+        if recovered:
+            assert "1 in-job recovery (1 process replaced)" in out, out[-6000:]
+            assert "restart 1 of 1" not in out, out[-6000:]
+        else:
+            assert "restart 1 of 1" in out, out[-6000:]

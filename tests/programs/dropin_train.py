@@ -3,6 +3,7 @@ XGBoost's ``xgboost.collective`` and for mpi4py, each switched to rabit_py by
 its import line (tests/jobs/test_dropins.py kills a rank of it from outside).
 
     rabit-run -n 4 python dropin_train.py --api mpi4py [--rounds 8] [--sleep 0.3]
+                                          [--big N]
 
 Linear regression by full-batch gradient descent over rank-local data: each
 round allreduces the gradient (an array), the loss (an object or a
@@ -10,7 +11,9 @@ one-element array) and broadcasts a step size from the last rank. Only the
 Rabit version checkpoints; the other two are replayed from their start when a
 rank is replaced. Every rank prints ``START {json}`` (rank, pid), rank 0
 ``ROUND <i>`` after each round, and every rank ``RESULT {json}`` with the
-model's SHA-256 at the end.
+model's SHA-256 at the end. ``--big N`` (mpi4py only): each round also sums
+N random float32 per rank in place, as a gradient too large for the engine
+to keep past its cache budget; their SHA-256 is in ``RESULT`` as well.
 """
 
 import argparse
@@ -93,9 +96,16 @@ def run_mpi4py(args) -> np.ndarray:
         total = comm.allreduce(loss, op=MPI.SUM)
         step = comm.bcast(0.001 * (1 + it % 2) if rank == size - 1 else None, root=size - 1)
         w = w - step * total_grad
+        if args.big:
+            big = np.random.default_rng([rank, it]).standard_normal(args.big, dtype=np.float32)
+            comm.Allreduce(MPI.IN_PLACE, big, op=MPI.SUM)
+            BIG.update(big.tobytes())
         pause(args, rank, it, total)
     comm.Barrier()
     return w
+
+
+BIG = hashlib.sha256()      # the --big sums, in order
 
 
 def start(rank: int) -> None:
@@ -113,10 +123,11 @@ def main() -> int:
     parser.add_argument("--api", choices=("rabit", "collective", "mpi4py"), required=True)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--big", type=int, default=0)
     args, _ = parser.parse_known_args()
     w = {"rabit": run_rabit, "collective": run_collective, "mpi4py": run_mpi4py}[args.api](args)
     print("RESULT " + json.dumps({"digest": hashlib.sha256(w.tobytes()).hexdigest(),
-                                  "pid": os.getpid()}), flush=True)
+                                  "big": BIG.hexdigest(), "pid": os.getpid()}), flush=True)
     return 0
 
 
