@@ -90,10 +90,13 @@ class Config:
             (``RABIT_CRASH_LOOP``, default 3; 0 = never).
         cache_budget: bytes of results the robust engine keeps for replay on
             one rank (``RABIT_CACHE_BUDGET``; 0, the default, means 1/16 of
-            the machine's memory shared by the ranks on it). Results past it
-            are not kept (said once, as a warning): a failure before the next
-            checkpoint then ends the job for a restart from the durable
-            checkpoint instead of an in-job recovery (Note [cache budget]).
+            the machine's memory shared by the ranks on it, the smallest
+            rank's when hosts differ); calls made before the first
+            checkpoint may use 1/8 of it. Results past it are not kept (said
+            once, as a warning) and allreduces run as on plain MPI: a failure
+            before the next checkpoint then ends the job for a restart from
+            the durable checkpoint instead of an in-job recovery (Note [cache
+            budget]).
         run_status_dir: the folder where ranks report to ``rabit-run``
             (``RABIT_RUN_STATUS_DIR``, set by rabit-run; Note [status folder]
             in ``rabit_py/_status.py``).

@@ -11,8 +11,10 @@ Started with ``rabit-run -n N python prog.py`` (or ``mpirun``, or plain
 ``python``), ``MPI.COMM_WORLD``'s collectives run on rabit_py's engine: under
 rabit-run a rank that dies is replaced in the job, and the replacement
 catches up by replaying the results the survivors kept. A program that
-never checkpoints is replayed from its start (within ``cache_budget``);
-one that calls ``rabit_py.checkpoint`` is replayed from its last one.
+never checkpoints is replayed from its start (while its results fit in
+1/8 of ``cache_budget``; past it a failure restarts the job, and sums run
+as on MPI itself); one that calls ``rabit_py.checkpoint`` is replayed from
+its last one.
 
 # Note [mpi4py drop-in]
 What ``MPI.COMM_WORLD`` here runs, with mpi4py's argument rules and results:
