@@ -27,7 +27,7 @@ def test_build_command_adds_the_flags():
                                  is_root=True, open_mpi_5=True)
     assert Path(cmd[0]).name == "mpirun" and Path(cmd[0]).is_file()
     assert cmd[1:] == ["-n", "3", "--oversubscribe", "--allow-run-as-root", "--with-ft", "ulfm",
-                       "--prtemca", "state_base_recoverable", "1",
+                       "--prtemca", "state_base_recoverable", "1", "--mca", "pml", "ob1",
                        "--mca", "btl", "^ofi", "--bind-to", "none", "python", "t.py"]
     cmd = launcher.build_command(["-n", "2", "--no-ft", "prog"], is_root=False, open_mpi_5=True)
     assert cmd[1:] == ["-n", "2", "--oversubscribe", "prog"]
@@ -51,6 +51,23 @@ def test_the_libfabric_btl_is_skipped_on_one_node_only(monkeypatch, argv, env):
     monkeypatch.delenv("SLURM_JOB_NUM_NODES", raising=False)
     cmd = launcher.build_command(["-n", "2", "prog"], is_root=False, open_mpi_5=True)
     assert cmd[-4:] == ["--mca", "btl", "^ofi", "prog"]
+
+
+@pytest.mark.parametrize("argv,env,expected", [
+    ([], {}, "ob1"),                                        # Note [fault-tolerant PML]
+    (["--hostfile", "hosts"], {}, "ob1"),                   # on several hosts too
+    (["--mca", "pml", "ucx"], {}, "ucx"),                   # the user's choice wins
+    ([], {"OMPI_MCA_pml": "ucx"}, None),                    # set in the environment
+])
+def test_fault_tolerance_runs_on_the_ob1_pml(monkeypatch, argv, env, expected):
+    monkeypatch.delenv("OMPI_MCA_pml", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    cmd = launcher.build_command(["-n", "2", *argv, "prog"], is_root=False, open_mpi_5=True)
+    values = [cmd[i + 1] for i in range(len(cmd) - 1) if cmd[i] == "pml"]
+    assert values == ([] if expected is None else [expected]), cmd
+    cmd = launcher.build_command(["-n", "2", "--no-ft", "prog"], is_root=False, open_mpi_5=True)
+    assert "pml" not in cmd
 
 
 def test_spares_are_started_besides_the_ranks():

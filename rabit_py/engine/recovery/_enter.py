@@ -73,7 +73,8 @@ def enter_job(config: Config, comm: Optional[Any]) -> Joined:
         raise RabitError(
             "engine='robust' needs MPI fault tolerance, which this job was started "
             "without: launch it with `rabit-run -n N python ...` or `mpirun --with-ft "
-            "ulfm --prtemca state_base_recoverable 1 ...`, or use engine='mpi' (no recovery)")
+            "ulfm --prtemca state_base_recoverable 1 --mca pml ob1 ...`, or use engine='mpi' (no "
+            "recovery)")
     elif config.spares:
         if comm is not None:
             raise ValueError("spares (RABIT_SPARES) are taken from MPI.COMM_WORLD: they "
