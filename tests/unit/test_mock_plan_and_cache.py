@@ -40,8 +40,23 @@ def test_cache_keeps_bootstrap_and_reuses_arrays():
     cache.drop_epochs_before(1)
     assert (BOOT, 0) in cache and (0, 0) not in cache and (0, 1) not in cache
     assert cache.nbytes == 32
-    cache.put_array((1, 0), 1, (), np.ones(4))   # reuses the freed array
+    cache.put_array((1, 0), 1, (), np.ones(4))
     assert np.array_equal(cache.get((1, 0)).payload, np.ones(4))
+
+
+def test_a_checkpoint_pools_large_arrays_for_reuse_and_lets_small_ones_go():
+    from rabit_py.engine.recovery._cache import _POOL_MIN_BYTES
+    cache = ResultCache()
+    large = np.zeros(_POOL_MIN_BYTES // 8)
+    small = np.zeros(_POOL_MIN_BYTES // 8 - 1)
+    cache.put_owned((0, 0), 1, (), large)
+    cache.put_owned((0, 1), 1, (), small)
+    cache.put_owned((1, 0), 1, (), np.zeros(3))          # a later version's: stays
+    cache.drop_epochs_before(1)
+    assert len(cache) == 1 and (1, 0) in cache and cache.nbytes == 24
+    assert cache.buffer_like(large) is large              # warm memory, handed out again
+    assert cache.buffer_like(small) is not small
+    assert cache.buffer_like(large) is not large          # once
 
 
 def test_the_cache_keeps_results_within_its_budget_only():
