@@ -467,6 +467,14 @@ class RobustEngine(MpiEngine):
                     on_disk = serialize(lazy, "global model")
                 self.checkpoints.save(self.frame.version, on_disk, local_blob)
 
+        if not self._recovering:
+            # The first branch of _step, inlined as in allreduce (Note [robust
+            # call]): a training loop checkpoints at every iteration.
+            try:
+                execute()
+                return
+            except PeerFailure:
+                self._recover()
         self._call(Kind.CHECKPOINT, key, None, execute, None, error)
 
     def load_checkpoint(self, with_local: bool = False) -> CheckpointResult:

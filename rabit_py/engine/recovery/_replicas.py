@@ -36,6 +36,7 @@ class Replicas:
     def __init__(self, copies: int) -> None:
         self.copies = copies
         self.held: Dict[int, Optional[bytes]] = {}
+        self._none_held: Tuple[Tuple[int, int], Dict[int, Optional[bytes]]] = ((-1, -1), {})
 
     def exchange(self, comm: Any, blob: Optional[bytes]) -> Dict[int, Optional[bytes]]:
         """Send ``blob`` to the ring successors; return what the predecessors
@@ -50,8 +51,13 @@ class Replicas:
 
     def none_held(self, rank: int, size: int) -> Dict[int, Optional[bytes]]:
         """What :meth:`exchange` returns when no rank has a local model (a
-        lazy checkpoint), without the messages."""
-        return {(rank - i) % size: None for i in range(1, min(self.copies, size - 1) + 1)}
+        lazy checkpoint), without the messages. The same dict while rank and
+        size stay (``held`` is replaced, never changed in place): a training
+        loop makes one at every iteration."""
+        if self._none_held[0] != (rank, size):
+            self._none_held = ((rank, size), {(rank - i) % size: None
+                                              for i in range(1, min(self.copies, size - 1) + 1)})
+        return self._none_held[1]
 
     def holding(self, requesting: bool, has_version: bool, has_local: bool) -> Holding:
         """This rank's :data:`Holding`."""
