@@ -133,7 +133,7 @@ class MpiEngine(Engine, Transport):
         self._header = np.zeros(MESSAGE_LEN, dtype=np.int64)
         self._header_bytes = memoryview(self._header).cast("B")
         self._gather: Optional[Tuple[np.ndarray, np.ndarray, memoryview]] = None
-        self._inline = memoryview(self._header).cast("B")[HEADER_LEN * 8:]
+        self._inline = self._header_bytes[HEADER_LEN * 8:]
         self._resources = Resources()
         self._transports = Transports(self, self, device_transports)
         frame.reporter = Reporter.for_rank(config.run_status_dir, frame.rank)
