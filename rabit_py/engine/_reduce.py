@@ -16,7 +16,7 @@ from ..config import Config
 from ..ops import OPS, CustomOp, OpLike
 from . import _control as control
 from ._shm import SUPPORTED as SHM_SUPPORTED
-from ._shm import NodeReducer, host_groups
+from ._shm import NodeReducer, Unfinished, finished_parts, host_groups
 
 __all__ = ["HostReduce"]
 
@@ -62,6 +62,8 @@ class HostReduce:
         #: The smallest array whose result :meth:`run_kept` may keep.
         self.kept_from = (max(1, self._min_bytes) if keeps and config.shm and SHM_SUPPORTED
                           else float("inf"))
+        # Note [fused in place] in _shm.py: the last kept call, finished or not.
+        self._last_kept: Optional[_LastKept] = None
 
     def use(self, comm: Any) -> None:
         """Reduce on ``comm`` from now on (a new or repaired communicator);
@@ -105,13 +107,20 @@ class HostReduce:
         else:
             _allreduce_custom(target, op, self._comm)   # type: ignore[arg-type]
 
-    def run_kept(self, data: np.ndarray, op: OpLike) -> Optional[np.ndarray]:
-        """Reduce ``data`` into an area of the node's shared memory, leaving
-        ``data`` as it is, and return the result there (read-only, ``data``'s
-        shape; Note [kept results] in ``_shm.py``); or None, having done
-        nothing, where this call does not take that path (too small, a custom
-        reducer, a node that cannot share areas): then :meth:`run` does it.
-        Raises ``MPI.Exception``."""
+    def run_kept(self, data: np.ndarray, op: OpLike, call_id: Any = None,
+                 again: bool = False) -> Optional[np.ndarray]:
+        """Reduce ``data`` in place and keep the result in an area of the
+        node's shared memory; return it there (read-only, ``data``'s shape;
+        Note [kept results] in ``_shm.py``); or None, having done nothing,
+        where this call does not take that path (too small, a custom reducer,
+        a node that cannot share areas): then :meth:`run` does it.
+
+        ``call_id``: the robust engine's key of the call. ``again``: the call
+        runs again after a recovery (every rank passes the same): what an
+        interrupted run of it left is used first (Note [fused in place]).
+
+        Raises ``MPI.Exception``; ``data`` may then hold part of the result,
+        which a run ``again`` of the same ``call_id`` knows."""
         if (data.nbytes < self.kept_from or self._size == 1 or isinstance(op, CustomOp)
                 or not self._wants_shm(data, op)):
             return None
@@ -119,16 +128,100 @@ class HostReduce:
         assert reducer is not None
         if not reducer.keeps:
             return None
-        return self._reduce_to_area(reducer, data, op).reshape(data.shape)
+        if again:
+            finished = self._finish_interrupted(reducer, data, op, call_id)
+            if finished is not None:
+                return finished
+        return self._keep(reducer, data, op, call_id)
+
+    def _keep(self, reducer: NodeReducer, data: np.ndarray, op: OpLike,
+              call_id: Any) -> np.ndarray:
+        flat = data.reshape(-1)
+        ufunc = OPS[op].ufunc
+        self._last_kept = None
+        try:
+            if reducer.fused:
+                kept = reducer.reduce_fused(flat, ufunc)
+            else:
+                kept = reducer.reduce_to_area(flat, ufunc, _leaders_allreduce(data, op),
+                                              in_place=True)
+        except MPI.Exception:
+            unfinished = reducer.unfinished(flat) if reducer.fused else None
+            if unfinished is not None:
+                self._last_kept = _LastKept(call_id, unfinished, None)
+            self._lost(reducer)
+            raise
+        # The input is gone: should this call run again (a failure after it,
+        # before the engine kept it), the result is given, not reduced again.
+        self._last_kept = _LastKept(call_id, None, kept)
+        return kept.reshape(data.shape)
+
+    def settled(self) -> None:
+        """The engine kept the result that :meth:`run_kept` returned: a run
+        of the call again is served from the engine's cache, so the area is
+        not held here any more."""
+        self._last_kept = None
+
+    def _finish_interrupted(self, reducer: NodeReducer, data: np.ndarray, op: OpLike,
+                            call_id: Any) -> Optional[np.ndarray]:
+        """Note [fused in place] in ``_shm.py``: a kept call run again after
+        a recovery, collective. If a rank finished it, that rank's result is
+        broadcast; if ranks reduced parts of it before the failure, those
+        parts are broadcast from a survivor that maps the area, and the rest
+        is reduced in rank order; either way ``data`` gets the bits of an
+        uninterrupted run. Returns the result (a read-only copy), or None
+        when nothing was left (the call runs as a new one)."""
+        size, rank = self._size, self._comm.Get_rank()
+        flat = data.reshape(-1)
+        per = reducer.chunk // flat.itemsize
+        last = self._last_kept
+        # [-finished holder, -unfinished holder, chunks done by each rank]
+        summary = np.full(size + 2, -1, dtype=np.int64)
+        summary[:2] = -size
+        if last is not None and last.call_id == call_id:
+            if last.result is not None and last.result.size == flat.size:
+                summary[0] = -rank
+            elif (last.unfinished is not None and last.unfinished.count == flat.size
+                  and last.unfinished.per == per and len(last.unfinished.out) == size):
+                summary[1] = -rank
+                summary[2:] = last.unfinished.chunks_done()
+        self._comm.Allreduce(MPI.IN_PLACE, summary, op=MPI.MAX)
+        finished_by, unfinished_by = -int(summary[0]), -int(summary[1])
+        if finished_by < size:
+            result = np.empty_like(flat)
+            if rank == finished_by:
+                np.copyto(result, last.result.reshape(-1))      # type: ignore[union-attr]
+            self._comm.Bcast(result, root=finished_by)
+        elif unfinished_by < size:
+            known = finished_parts(flat.size, per, [int(d) for d in summary[2:]])
+            rest = flat[~known]
+            if rest.size:
+                try:
+                    reducer.allreduce(rest, OPS[op].ufunc, _leaders_allreduce(data, op))
+                except MPI.Exception:
+                    self._lost(reducer)
+                    raise
+            values = (last.unfinished.values(flat.dtype)[known]          # type: ignore[union-attr]
+                      if rank == unfinished_by else np.empty(int(known.sum()), flat.dtype))
+            self._comm.Bcast(values, root=unfinished_by)
+            result = np.empty_like(flat)
+            result[known] = values
+            result[~known] = rest
+        else:
+            return None
+        np.copyto(flat, result)
+        result.flags.writeable = False
+        self._last_kept = _LastKept(call_id, None, result)
+        log.info("rank %d: the interrupted allreduce finished from the %s result of rank %d",
+                 rank, "whole" if finished_by < size else "partial",
+                 min(finished_by, unfinished_by))
+        return result.reshape(data.shape)
 
     def _reduce_to_area(self, reducer: NodeReducer, data: np.ndarray, op: OpLike,
                         in_place: bool = False) -> np.ndarray:
-        table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
         try:
-            return reducer.reduce_to_area(
-                data.reshape(-1), OPS[op].ufunc,
-                lambda leaders, whole: leaders.Allreduce(MPI.IN_PLACE, whole, op=table[op]),
-                in_place)
+            return reducer.reduce_to_area(data.reshape(-1), OPS[op].ufunc,
+                                          _leaders_allreduce(data, op), in_place)
         except MPI.Exception:
             self._lost(reducer)
             raise
@@ -171,18 +264,23 @@ class HostReduce:
         if (reducer.keeps and self.kept_from <= data.nbytes and not isinstance(op, CustomOp)
                 and not as_plain):
             # A reducer that keeps results runs one protocol for every call
-            # of a size, whichever rank keeps the result.
-            self._reduce_to_area(reducer, data, op, in_place=True)
+            # of a size, whichever rank keeps the result (this caller keeps
+            # its own backup of the input: the device path).
+            if reducer.fused:
+                try:
+                    reducer.reduce_fused(data.reshape(-1), OPS[op].ufunc)
+                except MPI.Exception:
+                    self._lost(reducer)
+                    raise
+            else:
+                self._reduce_to_area(reducer, data, op, in_place=True)
             return
         try:
             if isinstance(op, CustomOp):
                 reducer.allreduce_custom(
                     data, op.fn, lambda leaders, flat: _allreduce_custom(data, op, leaders))
             else:
-                table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
-                reducer.allreduce(data.reshape(-1), OPS[op].ufunc,
-                                  lambda leaders, flat: leaders.Allreduce(MPI.IN_PLACE, flat,
-                                                                          op=table[op]))
+                reducer.allreduce(data.reshape(-1), OPS[op].ufunc, _leaders_allreduce(data, op))
         except MPI.Exception:
             self._lost(reducer)
             raise
@@ -203,6 +301,22 @@ class HostReduce:
                            or (self._shm is not None and self._shm.is_revoked())):
             return ERR_REVOKED
         return None
+
+
+class _LastKept:
+    """The last kept call of this rank (Note [fused in place] in ``_shm.py``):
+    its ``result`` if it finished, else what it left (``unfinished``)."""
+
+    __slots__ = ("call_id", "unfinished", "result")
+
+    def __init__(self, call_id: Any, unfinished: Optional[Unfinished],
+                 result: Optional[np.ndarray]) -> None:
+        self.call_id, self.unfinished, self.result = call_id, unfinished, result
+
+
+def _leaders_allreduce(data: np.ndarray, op: OpLike) -> Callable[[Any, np.ndarray], None]:
+    table = _BOOL_OPS if data.dtype.kind == "b" else _MPI_OPS
+    return lambda leaders, flat: leaders.Allreduce(MPI.IN_PLACE, flat, op=table[op])
 
 
 def _allreduce_custom(data: np.ndarray, op: CustomOp, comm: Any) -> None:

@@ -72,8 +72,8 @@ whole-array *area* shared by the node, reading the others' parts from
 alternating slot buffers; the caller's input is only read. When every
 ``out`` flag of the last chunk is up the area holds the node's sum (across
 nodes: node rank 0 then allreduces it over the leaders, in place, and raises
-its ``done`` flag); the caller copies it into its array and keeps the area
-itself as the cached result: one area per node serves every rank on it, a
+its ``done`` flag); the caller copies it into its array (on one node it has it already: Note
+[fused in place]) and keeps the area itself as the cached result: one area per node serves every rank on it, a
 survivor still maps it after a node peer died, and a call interrupted before
 the end finds its input intact.
 
@@ -87,6 +87,39 @@ clears its own when the cached view dies (``weakref.finalize``), so rank 0
 reuses an area (smallest that fits) only when no rank holds it any more, and
 makes a new one otherwise. After a failure the reducer is rebuilt; the old
 areas live as long as some cached view maps them.
+
+# Note [fused in place]
+Where the node is the whole communicator (the ranks share one host),
+``reduce_fused`` does what ``reduce_to_area`` does without keeping the
+caller's input whole: for each chunk each rank offers the others' parts
+into its slot as above, then reduces its own part *in place*, in the
+caller's array (partial sums of more than two ranks go to a private buffer,
+so the input is read before the last operation overwrites it: the same
+operations in the same order, the same bits), copies it into the area while
+it is in cache, raises its ``out`` flag, and copies the other ranks' parts of
+the chunk before from the area once their ``out`` flags are up. A rank
+writes its part of the result twice (array and area) and the others' once,
+where ``reduce_to_area`` and a copy of the whole result out of the area at
+the end wrote the whole result twice: 1.2-1.4x faster on two ranks at 1-16
+MiB (``scripts/bench_bandwidth.py``).
+
+The price is the input. A failure in the middle leaves each survivor's
+array holding the result in some parts and the input in the others, and
+which is which follows from the ``out`` flags, which stay in the segment: the
+part of node rank q in chunk k is reduced iff q's ``out`` flag reached
+chunk k's number, and then the area holds it (a rank overwrites its own part
+only as it reduces it, the others' only after their flags). Once no rank
+runs the call any more (after the repair, which every survivor joins), the
+survivors read the same flags (:meth:`NodeReducer.unfinished`). The engine
+runs the call again in recovery, every rank alike, replacements too
+(``HostReduce.run_kept(..., again=True)``): one Allreduce agrees on what is
+left; the result of a rank that finished the call (kept until the engine has
+cached it) is broadcast; else the reduced parts (``finished_parts``) are
+broadcast from a survivor that maps the area, and the rest, whose input is
+intact on every rank, is reduced in rank order by :meth:`NodeReducer.allreduce`
+(the same left fold, the same bits). A rank whose call finished keeps its
+result until the engine cached it for the same reason: its input is gone, so
+a failure noticed after the call must not run it from the array again.
 
 Waiting is spinning on the flags (yielding the CPU after a few hundred
 reads, so oversubscribed ranks still progress). A rank that dies while its
@@ -116,7 +149,7 @@ from .._status import process_alive
 from ._mpistart import ERR_PROC_FAILED, ERR_REVOKED, MPI
 from . import _control as control
 
-__all__ = ["NodeReducer", "SUPPORTED", "host_groups"]
+__all__ = ["NodeReducer", "SUPPORTED", "Unfinished", "finished_parts", "host_groups"]
 
 _LINE = 64                              # bytes per flag (one cache line each)
 _FLAG_BYTES = 3 * _LINE                 # "in" and "out" flags, control line of one rank
@@ -188,6 +221,12 @@ class NodeReducer:
             self._allocate(0)
         #: Whether :meth:`reduce_to_area` can run (Note [kept results]).
         self.keeps = self.colocated and self.node_size > 1 and self._areas_open()
+        #: Whether :meth:`reduce_fused` can run (Note [fused in place]): the
+        #: node is the whole communicator.
+        self.fused = self.keeps and self.nodes == 1
+        self._scratch: Optional[np.ndarray] = None
+        #: The fused call in progress: its first sequence number and area.
+        self._fused_call: Optional[tuple] = None
 
     def _shares_one_host(self) -> bool:
         """Whether this rank shares a host with every rank of its group
@@ -387,10 +426,8 @@ class NodeReducer:
         """Reduce the 1-D contiguous, non-empty ``flat`` over the communicator
         into an area shared by the node, leaving ``flat`` as it is (Note
         [kept results]; only where :attr:`keeps`). ``in_place``: write the
-        result into ``flat`` too, each chunk as soon as every node rank
-        reduced it where the node is the whole communicator (the input is
-        not needed again: the caller can remake it or will not run the call
-        again), else at the end.
+        result into ``flat`` too, once the call is done (until then the
+        input is whole, so a failed call can run again).
 
         Returns:
             The result: a read-only view of the area, which stays the
@@ -418,9 +455,6 @@ class NodeReducer:
         per = self.chunk // item
         buffers = (self._slot, self._result)
         area = self._hand_out(flat.nbytes) if me == 0 else None
-        # Chunk by chunk while the chunk is still in cache; across nodes
-        # the node's sum is not the result yet.
-        chunked = in_place and self.nodes == 1
         with np.errstate(all="ignore"):
             for start in range(0, flat.size, per):
                 stop = min(flat.size, start + per)
@@ -443,10 +477,6 @@ class NodeReducer:
                          else current[q][:m * item].view(dtype)[lo:hi] for q in range(size)]
                 _fold(ufunc, parts, result)
                 self._raise(self._out, seq)
-                if chunked:
-                    self._wait(self._out, seq)
-                    np.copyto(flat[start:stop],
-                              area.data[start * item:stop * item].view(dtype))
         assert area is not None, "reduce_to_area needs a non-empty array"
         last = self._seq
         self._wait(self._out, last)     # the node's sum is whole; every rank mapped the area
@@ -462,16 +492,123 @@ class NodeReducer:
             else:
                 self._wait_one(self._ctl[0][2:], last, 0)
         self._check_revoked()
-        # An array of its own over the mapping, not a view of ``area.data``:
-        # NumPy points every view made from it (a reshape, a slice) at it, so
-        # it lives, and the area stays held, as long as any of them does.
-        view = np.frombuffer(area.map, dtype=dtype, count=flat.size, offset=area.header)
-        if in_place and not chunked:
+        view = self._kept_view(area, flat)
+        if in_place:
             np.copyto(flat, view)
+        return view
+
+    def _kept_view(self, area: "_Area", flat: np.ndarray) -> np.ndarray:
+        """The cached result: an array of its own over the area's mapping,
+        not a view of ``area.data``: NumPy points every view made from it (a
+        reshape, a slice) at it, so it lives, and the area stays held, as
+        long as any of them does."""
+        me = self.node_rank
+        view = np.frombuffer(area.map, dtype=flat.dtype, count=flat.size, offset=area.header)
         view.flags.writeable = False
         weakref.finalize(view, _let_go, area.holds[me], self._let_go_by_me if me == 0 else None,
                          area)
         return view
+
+    def reduce_fused(self, flat: np.ndarray, ufunc: Any) -> np.ndarray:
+        """Reduce the 1-D contiguous, non-empty ``flat`` in place over the
+        communicator, keeping the result in an area shared by the node too
+        (Note [fused in place]; only where :attr:`fused`). ``flat`` is
+        overwritten part by part before the call ends: after a failure,
+        :meth:`unfinished` says which parts hold the result.
+
+        Returns:
+            The result in the area, read-only (as :meth:`reduce_to_area`).
+
+        Raises:
+            MPI.Exception: as :meth:`allreduce`.
+        """
+        self._call = self._seq + 1
+        try:
+            return self._reduce_fused(flat, ufunc)
+        except BaseException:
+            self._ctl[self.node_rank][3] = self._call     # as in reduce_to_area
+            raise
+
+    def _reduce_fused(self, flat: np.ndarray, ufunc: Any) -> np.ndarray:
+        size, me = self.node_size, self.node_rank
+        item, dtype = flat.itemsize, flat.dtype
+        per = self.chunk // item
+        buffers = (self._slot, self._result)
+        acc = self._partial_sums(dtype)
+        self._fused_call = None
+        area = self._hand_out(flat.nbytes) if me == 0 else None
+        before = self._seq                      # chunk k is numbered before + 1 + k
+        kept: Optional[np.ndarray] = None
+        pending: Optional[tuple] = None
+        with np.errstate(all="ignore"):
+            for start in range(0, flat.size, per):
+                stop = min(flat.size, start + per)
+                m = stop - start
+                lo, hi = start + m * me // size, start + m * (me + 1) // size
+                self._seq += 1
+                seq = self._seq
+                # Buffers alternate with the sequence number, across calls
+                # too: this one was read for the chunk numbered two before,
+                # and every node rank is past that one (its "out" flags, or
+                # the "in" flags of the next one, were waited for).
+                current = buffers[seq & 1]
+                _offer(current[me][:m * item].view(dtype), flat, start, stop, lo - start,
+                       hi - start)
+                self._raise(self._in, seq)
+                self._wait(self._in, seq)
+                if kept is None:
+                    if area is None:
+                        area = self._opened(int(self._ctl[0][0]), int(self._ctl[0][1]))
+                    self._fused_call = (before, area)
+                    kept = area.data[:flat.nbytes].view(dtype)
+                if hi > lo:
+                    mine = flat[lo:hi]
+                    parts = [mine if q == me
+                             else current[q][:m * item].view(dtype)[lo - start:hi - start]
+                             for q in range(size)]
+                    _fold_in_place(ufunc, parts, mine, acc[:hi - lo])
+                    np.copyto(kept[lo:hi], mine)
+                self._raise(self._out, seq)
+                if pending is not None:
+                    self._copy_others(flat, kept, *pending)
+                pending = (start, stop, lo, hi, seq)
+            assert pending is not None and area is not None and kept is not None, \
+                "reduce_fused needs a non-empty array"
+            self._copy_others(flat, kept, *pending)
+        self._fused_call = None
+        if me == 0 and area.fd >= 0:
+            os.close(area.fd)
+            area.fd = -1
+        # No _check_revoked: nothing here is an MPI call that a revoke could
+        # cut short (the engine checks its own communicator after the call).
+        return self._kept_view(area, flat)
+
+    def _copy_others(self, flat: np.ndarray, kept: np.ndarray, start: int, stop: int,
+                     lo: int, hi: int, seq: int) -> None:
+        """Once every node rank reduced its part of the chunk ``[start,
+        stop)``, copy the parts around this rank's own ``[lo, hi)`` from the
+        area."""
+        self._wait(self._out, seq)
+        if lo > start:
+            np.copyto(flat[start:lo], kept[start:lo])
+        if stop > hi:
+            np.copyto(flat[hi:stop], kept[hi:stop])
+
+    def _partial_sums(self, dtype: np.dtype) -> np.ndarray:
+        """A private buffer for the partial sums of one part of a chunk."""
+        if self._scratch is None:
+            self._scratch = np.empty(self.chunk // self.node_size + 2 * _LINE, dtype=np.uint8)
+        return self._scratch[:self._scratch.nbytes // dtype.itemsize * dtype.itemsize].view(dtype)
+
+    def unfinished(self, flat: np.ndarray) -> Optional["Unfinished"]:
+        """After :meth:`reduce_fused` of ``flat`` raised: what the
+        call left (Note [fused in place]), or None if it failed before this
+        rank mapped the call's area (then it wrote nothing into its input)."""
+        if self._fused_call is None:
+            return None
+        first, area = self._fused_call
+        self._fused_call = None
+        return Unfinished(first, self.chunk // flat.itemsize, flat.size, area, list(self._out))
 
     def _hand_out(self, nbytes: int) -> "_Area":
         """Node rank 0: the smallest area of ``nbytes`` that no rank holds,
@@ -663,6 +800,59 @@ class _Area:
         self.holds = [whole[q * _LINE:q * _LINE + 8].view(np.int64) for q in range(node_size)]
         self.data = whole[header:]
         self.capacity = self.data.nbytes
+
+
+class Unfinished:
+    """What a fused call that a failure interrupted left on a survivor
+    (Note [fused in place]): the node's area, which holds the result of
+    every part reduced, and the node ranks' ``out`` flags, which say which
+    parts those are once no rank runs the call any more."""
+
+    __slots__ = ("first", "per", "count", "area", "out")
+
+    def __init__(self, first: int, per: int, count: int, area: "_Area",
+                 out: List[np.ndarray]) -> None:
+        self.first, self.per, self.count = first, per, count
+        self.area, self.out = area, out
+
+    def chunks_done(self) -> List[int]:
+        """How many chunks each node rank finished its part of."""
+        chunks = -(-self.count // self.per)
+        return [max(0, min(chunks, int(flag[0]) - self.first)) for flag in self.out]
+
+    def values(self, dtype: np.dtype) -> np.ndarray:
+        """The area as an array of ``count`` elements (what has been reduced
+        holds the result; the rest anything)."""
+        return self.area.data[:self.count * dtype.itemsize].view(dtype)
+
+
+def finished_parts(count: int, per: int, done: Sequence[int]) -> np.ndarray:
+    """The elements of a fused call of ``count`` elements (chunks of ``per``)
+    whose result is known: node rank q's part of each of its first
+    ``done[q]`` chunks (Note [fused in place])."""
+    size = len(done)
+    mask = np.zeros(count, dtype=bool)
+    for k, start in enumerate(range(0, count, per)):
+        m = min(count, start + per) - start
+        for q in range(size):
+            if k < done[q]:
+                mask[start + m * q // size:start + m * (q + 1) // size] = True
+    return mask
+
+
+def _fold_in_place(ufunc: Any, parts: List[np.ndarray], out: np.ndarray,
+                   acc: np.ndarray) -> None:
+    """:func:`_fold` into ``out``, which is one of ``parts`` (this rank's
+    input): partial sums go to ``acc`` and only the last operation writes
+    ``out``, so the input is read before it is overwritten. The same
+    operations in the same order as :func:`_fold`: the same bits."""
+    if len(parts) == 2:
+        ufunc(parts[0], parts[1], out=out)
+        return
+    ufunc(parts[0], parts[1], out=acc)
+    for q in range(2, len(parts) - 1):
+        ufunc(acc, parts[q], out=acc)
+    ufunc(acc, parts[-1], out=out)
 
 
 def _offer(slot: np.ndarray, flat: np.ndarray, start: int, stop: int, lo: int, hi: int) -> None:

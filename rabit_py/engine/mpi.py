@@ -354,7 +354,8 @@ class MpiEngine(Engine, Transport):
     def framed_allreduce(self, data: np.ndarray, op: OpLike, prepare_fun: Optional[PrepareFn],
                          error: Optional[BaseException], out: Optional[np.ndarray] = None,
                          call: Optional[Call] = None, keep: bool = False,
-                         past_budget: bool = False) -> np.ndarray:
+                         past_budget: bool = False, call_id: Any = None,
+                         again: bool = False) -> np.ndarray:
         """The framed allreduce of ``data`` (``error``: the input check's
         refusal). With ``out`` (C-contiguous, ``data``'s shape and dtype) the
         result goes there and ``data`` keeps what it holds after
@@ -366,7 +367,9 @@ class MpiEngine(Engine, Transport):
         ``call``: the call's description, if the caller made it already
         (:func:`allreduce_call`). ``keep``: the result may stay where the
         shared-memory path put it, a read-only array to keep (Note [kept
-        results] in ``_shm.py``), and ``data`` keeps what it holds.
+        results] in ``_shm.py``), and ``data`` holds it too; ``call_id`` and
+        ``again`` are then the robust engine's key of the call and whether it
+        runs again after a recovery (``HostReduce.run_kept``).
         ``past_budget``: the robust engine keeps nothing of this call, on
         every rank (Note [uniform budget]): reduced as the plain engine does.
         Returns where the result is."""
@@ -379,7 +382,7 @@ class MpiEngine(Engine, Transport):
                 prepare_fun(data)
             reduce = self._reduce
             if keep and data.nbytes >= reduce.kept_from:
-                kept = reduce.run_kept(data, op)
+                kept = reduce.run_kept(data, op, call_id, again)
                 if kept is not None:
                     return kept
             reduce.run(data, op, out, past_budget)

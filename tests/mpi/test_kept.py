@@ -135,3 +135,114 @@ def test_below_the_threshold_and_with_shm_off_results_are_private_copies():
             assert engine._reduce._shm is None, settings
         finally:
             rabit.finalize()
+
+
+# ---------------------------------------------------------------- fused calls
+# Note [fused in place] in rabit_py/engine/_shm.py: on one node the kept
+# allreduce reduces in the caller's array; a call run again after a failure
+# is finished from what the interrupted one left, with the bits of a run
+# without failures.
+CHUNKS = 4
+FUSED_COUNT = CHUNKS * (1 << 20) // 4        # float32, four 1 MiB chunks
+
+
+def fused_input(seed: int, dtype=np.float32) -> np.ndarray:
+    return np.random.default_rng([RANK, seed]).normal(size=FUSED_COUNT).astype(dtype)
+
+
+@needs_ranks(2)
+def test_a_fused_call_that_finished_is_given_again_not_reduced_again():
+    # A failure noticed after the call (before the engine cached the
+    # result) runs it again: the array holds the result, not the input.
+    rabit.init(engine="robust", timeout=60)
+    try:
+        reduce = rabit.api._engine._reduce
+        mine = fused_input(1)
+        expected = rank_order_sum(mine)
+        data = mine.copy()
+        kept = reduce.run_kept(data, Op.SUM, call_id=(7, 3))
+        assert reduce._shm.fused
+        assert data.tobytes() == kept.tobytes() == expected.tobytes()
+        if RANK == SIZE - 1:
+            # a replacement: its input again, nothing of the call kept
+            data, reduce._last_kept = mine.copy(), None
+        again = reduce.run_kept(data, Op.SUM, call_id=(7, 3), again=True)
+        assert data.tobytes() == again.tobytes() == expected.tobytes()
+        assert not again.flags.writeable
+        # Another call's leftovers are not used: run as a new call.
+        data = mine.copy()
+        fresh = reduce.run_kept(data, Op.SUM, call_id=(7, 4), again=True)
+        assert data.tobytes() == fresh.tobytes() == expected.tobytes()
+    finally:
+        rabit.finalize()
+
+
+@needs_ranks(2)
+@pytest.mark.parametrize("op,dtype", [(Op.SUM, np.float32), (Op.MAX, np.float64)])
+@pytest.mark.parametrize("chunk", [0, 1, CHUNKS - 2])
+@pytest.mark.parametrize("replaced", [False, True])
+def test_a_fused_call_interrupted_part_way_is_finished_with_the_same_bits(
+        monkeypatch, op, dtype, chunk, replaced):
+    # The last rank leaves the call as if it died there, having reduced its
+    # part of chunk `chunk` + 1 and waiting for chunk `chunk` to be reduced
+    # everywhere; the others reduce their part of `chunk` + 1 too, then wait
+    # for its flags of the chunk after: they notice and leave, with some
+    # parts of their arrays reduced and the rest still input -- or, when
+    # `chunk` + 1 is the last chunk, they finish the call. Run again, every
+    # rank ends with the bits of an uninterrupted call; `replaced`: the rank
+    # that left comes back as a replacement would, with its input and
+    # nothing kept.
+    from rabit_py.engine._mpistart import ERR_PROC_FAILED
+    rabit.init(engine="robust", timeout=60)
+    try:
+        reduce = rabit.api._engine._reduce
+        mine = fused_input(chunk, dtype)
+        everyone = WORLD.allgather(mine)
+        expected = everyone[0].copy()
+        for other in everyone[1:]:
+            expected = np.maximum(expected, other) if op == Op.MAX else expected + other
+        data = mine.copy()
+        reduce.run_kept(data.copy(), op, call_id=(1, 0))        # builds the reducer
+        reducer = reduce._shm
+        leaver = RANK == SIZE - 1
+        if leaver:
+            copies = []
+            real = reducer._copy_others
+
+            def leave_at_chunk(*args):
+                if len(copies) == chunk:
+                    raise MPI.Exception(ERR_PROC_FAILED)
+                copies.append(args)
+                return real(*args)
+            monkeypatch.setattr(reducer, "_copy_others", leave_at_chunk)
+        try:
+            reduce.run_kept(data, op, call_id=(1, 1))
+            raised = False
+        except MPI.Exception:
+            raised = True
+        # Another rank may notice the leaver's exit between two looks at a
+        # flag the leaver raised meanwhile, and leave a chunk earlier.
+        assert raised or (not leaver and chunk + 2 == CHUNKS)
+        WORLD.Barrier()                 # the flags are read once no rank runs the call
+        left = reduce._last_kept
+        assert left is not None and left.call_id == (1, 1)
+        if raised:
+            done = left.unfinished.chunks_done()
+            assert done[SIZE - 1] == chunk + 2, done
+            assert all(chunk + 1 <= d <= chunk + 2 for d in done), done
+        else:
+            assert left.result is not None and data.tobytes() == expected.tobytes()
+        if raised:
+            changed = np.frombuffer(data.tobytes(), dtype=dtype) != mine
+            assert changed.any() and not changed.all()
+        if replaced and RANK == SIZE - 1:
+            data, reduce._last_kept = mine.copy(), None
+        reduce.use(reduce._comm)        # as the repair does on every rank
+        again = reduce.run_kept(data, op, call_id=(1, 1), again=True)
+        assert data.tobytes() == again.tobytes() == expected.tobytes()
+        # the rebuilt reducer runs the next call as usual
+        data = mine.copy()
+        reduce.run_kept(data, op, call_id=(1, 2))
+        assert data.tobytes() == expected.tobytes()
+    finally:
+        rabit.finalize()
