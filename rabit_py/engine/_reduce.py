@@ -209,6 +209,11 @@ class HostReduce:
             result[~known] = rest
         else:
             return None
+        # Note [revoked success] in _frame.py: a broadcast that a peer's
+        # revoke cut short may return success with part of the data, which
+        # must not become the result given if the call runs again.
+        if self._ulfm and self._comm.Is_revoked():
+            raise MPI.Exception(ERR_REVOKED)
         np.copyto(flat, result)
         result.flags.writeable = False
         self._last_kept = _LastKept(call_id, None, result)
