@@ -126,12 +126,14 @@ class HostReduce:
             return None
         reducer = self._shm
         assert reducer is not None
-        if not reducer.keeps:
-            return None
         if again:
+            # Whatever the rebuilt reducer can do (a replacement on another
+            # host): what the interrupted run left must be finished.
             finished = self._finish_interrupted(reducer, data, op, call_id)
             if finished is not None:
                 return finished
+        if not reducer.keeps:
+            return None
         return self._keep(reducer, data, op, call_id)
 
     def _keep(self, reducer: NodeReducer, data: np.ndarray, op: OpLike,
@@ -269,16 +271,10 @@ class HostReduce:
         if (reducer.keeps and self.kept_from <= data.nbytes and not isinstance(op, CustomOp)
                 and not as_plain):
             # A reducer that keeps results runs one protocol for every call
-            # of a size, whichever rank keeps the result (this caller keeps
-            # its own backup of the input: the device path).
-            if reducer.fused:
-                try:
-                    reducer.reduce_fused(data.reshape(-1), OPS[op].ufunc)
-                except MPI.Exception:
-                    self._lost(reducer)
-                    raise
-            else:
-                self._reduce_to_area(reducer, data, op, in_place=True)
+            # of a size, whichever rank keeps the result (the robust engine's
+            # calls come through run_kept; this one's input stays whole until
+            # the result is).
+            self._reduce_to_area(reducer, data, op, in_place=True)
             return
         try:
             if isinstance(op, CustomOp):

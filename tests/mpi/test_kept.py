@@ -183,6 +183,17 @@ def test_a_fused_call_that_finished_is_given_again_not_reduced_again():
 @pytest.mark.parametrize("replaced", [False, True])
 def test_a_fused_call_interrupted_part_way_is_finished_with_the_same_bits(
         monkeypatch, op, dtype, chunk, replaced):
+    interrupt_and_finish(monkeypatch, op, dtype, chunk, replaced, True)
+
+
+@needs_ranks(2)
+def test_an_interrupted_fused_call_is_finished_by_a_reducer_that_cannot_keep(monkeypatch):
+    # The replacement came up on another host: the rebuilt reducer keeps
+    # nothing and reduces over MPI, but the call is finished all the same.
+    interrupt_and_finish(monkeypatch, Op.SUM, np.float32, 1, True, False)
+
+
+def interrupt_and_finish(monkeypatch, op, dtype, chunk, replaced, rebuilt_keeps):
     # The last rank leaves the call as if it died there, having reduced its
     # part of chunk `chunk` + 1 and waiting for chunk `chunk` to be reduced
     # everywhere; the others reduce their part of `chunk` + 1 too, then wait
@@ -238,8 +249,15 @@ def test_a_fused_call_interrupted_part_way_is_finished_with_the_same_bits(
         if replaced and RANK == SIZE - 1:
             data, reduce._last_kept = mine.copy(), None
         reduce.use(reduce._comm)        # as the repair does on every rank
+        if not rebuilt_keeps:
+            reduce._wants_shm(data, op)
+            monkeypatch.setattr(reduce._shm, "keeps", False)
+            monkeypatch.setattr(reduce._shm, "fused", False)
+            monkeypatch.setattr(reduce._shm, "colocated", False)
         again = reduce.run_kept(data, op, call_id=(1, 1), again=True)
         assert data.tobytes() == again.tobytes() == expected.tobytes()
+        if not rebuilt_keeps:
+            return
         # the rebuilt reducer runs the next call as usual
         data = mine.copy()
         reduce.run_kept(data, op, call_id=(1, 2))
