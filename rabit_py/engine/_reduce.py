@@ -203,6 +203,10 @@ class HostReduce:
                 except MPI.Exception:
                     self._lost(reducer)
                     raise
+                # More than two ranks copy from each other's buffers after the
+                # last flag they wait for, and the next call's first chunk
+                # writes them: every rank must be done first (a rare path).
+                self._comm.Barrier()
             values = (last.unfinished.values(flat.dtype)[known]          # type: ignore[union-attr]
                       if rank == unfinished_by else np.empty(int(known.sum()), flat.dtype))
             self._comm.Bcast(values, root=unfinished_by)
