@@ -294,7 +294,8 @@ class RobustEngine(MpiEngine):
     # (Note [result cache]), then copies the result back; from it, the node's
     # shared memory holds the result (Note [kept results] in _shm.py) and the
     # input is only read, or on one host reduced in place with what is left
-    # of an interrupted call known (Note [fused in place]). Open MPI's out-of-place Allreduce costs more than
+    # of an interrupted call known (Note [fused in place]). Open MPI's
+    # out-of-place Allreduce costs more than
     # its in-place one on one host (raw mpi4py, 2 ranks on the development
     # VM: 0.92 against 0.57 ms at 4 MiB). Two cases need no intact input,
     # and reduce in place:

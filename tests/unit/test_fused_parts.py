@@ -21,21 +21,22 @@ def test_nothing_and_everything():
     assert finished_parts(8, 4, [2, 0]).tolist() == [True, True, False, False] * 2
 
 
+def assert_same_bits_on_every_rank(ufunc, inputs):
+    """Whichever rank's input is the output, the in-place fold gives the fold's bits."""
+    expected = np.empty_like(inputs[0])
+    _fold(ufunc, inputs, expected)
+    for me in range(len(inputs)):
+        parts = [x.copy() for x in inputs]
+        _fold_in_place(ufunc, parts, parts[me], np.empty_like(inputs[0]))
+        assert parts[me].tobytes() == expected.tobytes(), (len(inputs), me)
+
+
 def test_the_fold_in_place_gives_the_bits_of_the_fold():
     rng = np.random.default_rng(3)
     for ranks in (2, 3, 4, 5):
-        inputs = [rng.normal(size=1000).astype(np.float32) for _ in range(ranks)]
-        expected = np.empty(1000, dtype=np.float32)
-        _fold(np.add, inputs, expected)
-        for me in range(ranks):
-            parts = [x.copy() for x in inputs]
-            _fold_in_place(np.add, parts, parts[me], np.empty(1000, dtype=np.float32))
-            assert parts[me].tobytes() == expected.tobytes(), (ranks, me)
+        assert_same_bits_on_every_rank(
+            np.add, [rng.normal(size=1000).astype(np.float32) for _ in range(ranks)])
         # a non-commutative order matters: MAX of -0.0 and +0.0 keeps the first
-        signed = [np.array([-0.0 if q % 2 else 0.0], dtype=np.float64) for q in range(ranks)]
-        expected = np.empty(1, dtype=np.float64)
-        _fold(np.maximum, signed, expected)
-        for me in range(ranks):
-            parts = [x.copy() for x in signed]
-            _fold_in_place(np.maximum, parts, parts[me], np.empty(1, dtype=np.float64))
-            assert parts[me].tobytes() == expected.tobytes(), (ranks, me)
+        assert_same_bits_on_every_rank(
+            np.maximum,
+            [np.array([-0.0 if q % 2 else 0.0], dtype=np.float64) for q in range(ranks)])
