@@ -20,15 +20,18 @@ def rabit_run(n: int, *program: str, spares: int = 0) -> List[str]:
 
 def run(cmd: List[str], timeout: float, env: Optional[dict] = None,
         cwd: Optional[Path] = None,
-        on_line: Optional[Callable[[str], None]] = None) -> Tuple[int, str]:
+        on_line: Optional[Callable[[str], None]] = None,
+        clear_env: bool = False) -> Tuple[int, str]:
     """Run ``cmd`` (in ``cwd``, default the checkout); return (exit code,
-    stdout+stderr). ``on_line`` is called with each line as it comes (to act
-    on cues: kill a process when the job says something). A command still
-    running at ``timeout`` has its whole process group killed and fails the
-    test."""
+    stdout+stderr). ``env`` is added to this process's environment, or is
+    the whole environment with ``clear_env``. ``on_line`` is called with
+    each line as it comes (to act on cues: kill a process when the job says
+    something). A command still running at ``timeout`` has its whole process
+    group killed and fails the test (with the stacks of its processes where
+    py-spy can take them)."""
     proc = subprocess.Popen(cmd, cwd=cwd or ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True,
-                            env={**os.environ, **(env or {})})
+                            env=dict(env or {}) if clear_env else {**os.environ, **(env or {})})
     lines: List[str] = []
 
     def read() -> None:
@@ -43,13 +46,35 @@ def run(cmd: List[str], timeout: float, env: Optional[dict] = None,
         proc.wait(timeout=timeout)
         reader.join(timeout=30)
     except subprocess.TimeoutExpired:
+        stacks = stacks_of(proc.pid)
         _kill_tree(proc.pid)
         reader.join(timeout=30)
         raise AssertionError(
-            f"timed out after {timeout} s: {' '.join(cmd)}\n{''.join(lines)[-6000:]}") from None
+            f"timed out after {timeout} s: {' '.join(cmd)}\n{''.join(lines)[-6000:]}"
+            f"{stacks}") from None
     finally:
         _kill_tree(proc.pid)                        # leftovers of the job, if any
     return proc.returncode, "".join(lines)
+
+
+def stacks_of(pid: int) -> str:
+    """The Python stacks of ``pid``'s descendants (``py-spy dump``, where it
+    is installed and may trace them), for the message of a test that hung."""
+    import shutil
+    from rabit_py.launcher._processes import descendants as _descendants
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return ""
+    dumps = []
+    for child in _descendants(pid):
+        try:
+            done = subprocess.run([spy, "dump", "--pid", str(child)], capture_output=True,
+                                  text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0 and "python" in done.stdout.lower():
+            dumps.append(done.stdout.strip())
+    return "\n\nstacks of the job's processes (py-spy):\n" + "\n\n".join(dumps) if dumps else ""
 
 
 def _kill_tree(pid: int) -> None:

@@ -31,6 +31,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
+import numpy as np
 
 from ._mpistart import ERR_PROC_FAILED, ERR_REVOKED, MPI
 
@@ -90,12 +91,29 @@ class CallFrame:
         self.watchdog: Optional[Watchdog] = None
         self.reporter = Reporter(None, "")
         self._check_vector = CheckVector()
+        # Note [check on the node] in _shm.py: the node reducer's exchange, or
+        # None for MPI's Allreduce.
+        self._check_exchange: Optional[Callable[[np.ndarray], None]] = None
 
     def use(self, comm: Any, ctrl: Any) -> None:
         """Run on ``comm``, with ``ctrl`` for control traffic."""
         self.comm, self.ctrl = comm, ctrl
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        self._check_exchange = None
+
+    @property
+    def checks_on_node(self) -> bool:
+        """Whether the signature check runs on the node's memory, where its
+        outcome is uniform (Note [uniform check] in ``_shm.py``)."""
+        return self.check and self._check_exchange is not None
+
+    def use_check_exchange(self, exchange: Optional[Callable[[np.ndarray], None]]) -> None:
+        """Exchange the signature check's vector with ``exchange(vec)`` (it
+        leaves every rank's elementwise maximum in ``vec``, collectively, and
+        raises ``MPI.Exception`` as MPI would) from the next call on; None:
+        with MPI's ``Allreduce`` (Note [check on the node] in ``_shm.py``)."""
+        self._check_exchange = exchange
 
     # The numbering of calls and versions is written here only (the engines
     # read ``version``, ``seqno`` and ``membership``; tests/unit/test_layout.py
@@ -199,7 +217,11 @@ class CallFrame:
         check = self._check_vector
         sent = check.fill(self.version, seq, kind, call, error)
         vec = check.vec
-        self.comm.Allreduce(MPI.IN_PLACE, vec, op=MPI.MAX)
+        exchange = self._check_exchange
+        if exchange is None:
+            self.comm.Allreduce(MPI.IN_PLACE, vec, op=MPI.MAX)
+        else:
+            exchange(vec)
         if not check.agreed(sent):
             fields = mismatched_fields(vec)
             mine = call_signature(self.version, seq, kind, call, error)

@@ -41,11 +41,17 @@ class HostReduce:
         timed_out: whether the engine's watchdog fired (ends shared-memory waits).
         keeps: the robust engine's: arrays from ``shm_keep_min_bytes`` take
             the shared-memory path, whose result may be kept (:meth:`run_kept`).
+        use_check: called with the exchange of the signature check that the
+            node's memory offers (Note [check on the node] in ``_shm.py``)
+            when the reducer is built, with None when it is dropped.
     """
 
     def __init__(self, config: Config, ulfm: bool, timed_out: Callable[[], bool],
-                 keeps: bool = False) -> None:
+                 keeps: bool = False,
+                 use_check: Callable[[Optional[Callable[[np.ndarray], None]]], None]
+                 = lambda exchange: None) -> None:
         self._config = config
+        self._use_check = use_check
         self._ulfm = ulfm
         self._timed_out = timed_out
         self._comm: Any = None
@@ -69,7 +75,7 @@ class HostReduce:
         """Reduce on ``comm`` from now on (a new or repaired communicator);
         the shared-memory reducer is built on it at the first call that wants it."""
         self._comm, self._size = comm, comm.Get_size()
-        self._shm = None
+        self._drop()
 
     def set_hosts(self, hosts: Optional[List[str]]) -> None:
         """The hosts of the job's start (None: unknown), for the groups."""
@@ -106,6 +112,14 @@ class HostReduce:
             self._allreduce_shm(target, op, as_plain)
         else:
             _allreduce_custom(target, op, self._comm)   # type: ignore[arg-type]
+
+    def will_keep(self, data: np.ndarray, op: OpLike) -> bool:
+        """Whether :meth:`run_kept` surely takes this call (the reducer is
+        built and keeps results): then the caller needs no buffer of its own
+        for the result. No collective; False may still end kept."""
+        reducer = self._shm
+        return (reducer is not None and reducer.keeps and data.nbytes >= self.kept_from
+                and not isinstance(op, CustomOp))
 
     def run_kept(self, data: np.ndarray, op: OpLike, call_id: Any = None,
                  again: bool = False) -> Optional[np.ndarray]:
@@ -248,6 +262,8 @@ class HostReduce:
         if self._shm is None:
             self.groups = self._agreed_groups()
             self._shm = NodeReducer(self._comm, self.groups, interrupted=self._interrupted)
+            if self._shm.checks:
+                self._use_check(self._shm.exchange_check)
             if self._shm.max_node_size == 1:
                 log.debug("rank %d: one rank per node: shared-memory allreduce off",
                           self._comm.Get_rank())
@@ -296,6 +312,12 @@ class HostReduce:
         interrupts; the reducer is rebuilt on the repaired communicator."""
         if self._ulfm:
             reducer.revoke()
+        self._drop()
+
+    def _drop(self) -> None:
+        """No reducer until the next call that wants one (built collectively)."""
+        if self._shm is not None and self._shm.checks:
+            self._use_check(None)
         self._shm = None
 
     def _interrupted(self) -> Optional[int]:

@@ -118,7 +118,8 @@ class MpiEngine(Engine, Transport):
         self._config = config
         #: the call frame every collective goes through, and the state it keeps
         self.frame = frame = CallFrame(config, ulfm_enabled(), recovers)
-        self._reduce = HostReduce(config, frame.ulfm, lambda: frame.timed_out, keeps=recovers)
+        self._reduce = HostReduce(config, frame.ulfm, lambda: frame.timed_out, keeps=recovers,
+                                  use_check=frame.use_check_exchange)
         rank = base.Get_rank()
         # Dup is collective: a rank that never calls init() would hang it.
         with deadline(config.timeout if base.Get_size() > 1 else 0,

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 
@@ -14,7 +13,7 @@ import pytest
 
 from rabit_py.launcher import find_mpirun
 
-from .._proc import ROOT, rabit_run, run
+from .._proc import rabit_run, run
 
 PROGRAM = [sys.executable, "tests/programs/bsp_train.py"]
 RANKS = 4
@@ -159,28 +158,17 @@ def test_sigkill_from_outside_is_recovered(reference):
     mpirun = [find_mpirun(), "-n", str(RANKS), "--oversubscribe", "--with-ft", "ulfm"]
     if os.geteuid() == 0:
         mpirun.append("--allow-run-as-root")
-    proc = subprocess.Popen(mpirun + PROGRAM + ["--sleep", "0.3"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    lines = []
-    try:
-        victim = None
-        deadline = time.monotonic() + 60
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("START ") and json.loads(line[6:])["rank"] == 2:
-                victim = json.loads(line[6:])["pid"]
-            if line.startswith("ROUND 1 done") and victim:
-                os.kill(victim, signal.SIGKILL)
-                break
-            assert time.monotonic() < deadline, "".join(lines)
-        rest, _ = proc.communicate(timeout=120)
-        out = "".join(lines) + rest
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    victim = []
+
+    def kill_rank_2_after_round_1(line: str) -> None:
+        if line.startswith("START ") and json.loads(line[6:])["rank"] == 2:
+            victim.append(json.loads(line[6:])["pid"])
+        if line.startswith("ROUND 1 done") and victim:
+            os.kill(victim.pop(), signal.SIGKILL)
+
+    _, out = run(mpirun + PROGRAM + ["--sleep", "0.3"], timeout=180, env=env, clear_env=True,
+                  on_line=kill_rank_2_after_round_1)
+    assert "ROUND 1 done" in out, out
     assert_recovered(out, parse(out, "START"), parse(out, "RESULT"), reference, {2})
 
 

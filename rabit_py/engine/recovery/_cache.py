@@ -173,18 +173,26 @@ class ResultCache:
     def put_owned(self, key: Key, kind: int, signature: tuple, result: np.ndarray) -> None:
         """Keep ``result`` itself (from :meth:`buffer_like`; the caller lets
         go of it), or take it back for reuse if it does not fit."""
-        nbytes = result.nbytes
         # Entry's fields as a plain tuple.__new__: a NamedTuple's own __new__
         # costs 0.2 us of the robust allreduce's hot path.
         entry = _new_entry(Entry, (kind, signature, result, False))
+        if not self._admit(key, entry, result.nbytes):
+            self._recycle(entry)
+
+    def put_kept(self, key: Key, kind: int, signature: tuple, result: np.ndarray) -> None:
+        """Keep the read-only ``result`` as it is (an area of the node's
+        shared memory: Note [kept results] in ``_shm.py``); if it does not
+        fit, let it go."""
+        self._admit(key, _new_entry(Entry, (kind, signature, result, False)), result.nbytes)
+
+    def _admit(self, key: Key, entry: Entry, nbytes: int) -> bool:
+        """:meth:`fits` and :meth:`_put` in one (the allreduce's hot path)."""
         budget = self.budget
         boot = key[0] == BOOT
-        # fits(), inlined (the small allreduce's hot path).
         if budget and (self.counted + nbytes > budget
                        or (boot and self.boot_counted + nbytes > budget // BOOT_SHARE)):
             self.refused += 1
-            self._recycle(entry)
-            return
+            return False
         self.counted += nbytes
         if boot:
             self.boot_counted += nbytes
@@ -193,13 +201,7 @@ class ResultCache:
             self.nbytes -= _size(old.payload)
         self._entries[key] = entry
         self.nbytes += nbytes
-
-    def put_kept(self, key: Key, kind: int, signature: tuple, result: np.ndarray) -> None:
-        """Keep the read-only ``result`` as it is (an area of the node's
-        shared memory: Note [kept results] in ``_shm.py``); if it does not
-        fit, let it go."""
-        if self.fits(key, result.nbytes):
-            self._put(key, Entry(kind, signature, result))
+        return True
 
     def give_back(self, buffer: np.ndarray) -> None:
         """Take back an unused array of :meth:`buffer_like` for reuse."""
