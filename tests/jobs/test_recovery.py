@@ -331,6 +331,35 @@ def test_a_rank_killed_inside_a_large_shared_memory_allreduce_recovers_bitwise(r
             assert r["recoveries"] == 3, out[-6000:]
 
 
+@pytest.mark.parametrize("seqno", [1, 3], ids=["allreduce", "lazy_checkpoint"])
+def test_a_rank_dead_after_its_check_flag_is_passed_by_the_others(seqno):
+    # Note [uniform check] in rabit_py/engine/_shm.py: a rank raises its flag
+    # of the check on the node and dies. The others pass that check (a flag
+    # once up stays up) and meet the loss after it: in the reduction of
+    # allreduce #1, or, after lazy_checkpoint #3 of version 2, which that
+    # check committed without an Agree, in the next version's first call.
+    # Rank 2 comes late: rank 0 waits for its flag while rank 1 is dead, and
+    # must not give up on the check (rank 2 then passes it: a lazy
+    # checkpoint committed on one survivor only ends the job). Either way the
+    # replacement catches up to the failure-free models.
+    program = [sys.executable, "tests/programs/large_sums.py", "--mib", "1", "--rounds", "5",
+               "--calls", "3", "--lazy"]
+    env = {"RABIT_ENGINE": "robust", "RABIT_TIMEOUT": "60"}
+    code, out = run(rabit_run(3, *program), timeout=300, env=env)
+    assert code == 0, out[-6000:]
+    reference = {r["rank"]: r for r in parse(out, "RESULT")}
+    code, out = run(rabit_run(3, *program, "--die-after-check", f"1,2,{seqno}", "--late", "2"),
+                    timeout=300, env=env)
+    assert code == 0, out[-6000:]
+    assert f"DYING after the check flag of version 2 call {seqno}" in out, out[-6000:]
+    results = {r["rank"]: r for r in parse(out, "RESULT")}
+    assert sorted(results) == [0, 1, 2], out[-6000:]
+    for rank, r in results.items():
+        assert (r["model"], r["version"]) == (reference[rank]["model"],
+                                              reference[rank]["version"]), out[-6000:]
+        assert r["recoveries"] == 1 or rank == 1, out[-6000:]
+
+
 # ---------------------------------------------------------------- spread results
 @pytest.mark.parametrize("plan,killed", [
     ("1,2,3,0", {1}),                     # the holders of #1 and #2 include rank 1

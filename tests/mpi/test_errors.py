@@ -30,9 +30,28 @@ def all_ranks_agree_that(flag: bool) -> bool:
     return all(WORLD.allgather(bool(flag)))
 
 
+@pytest.fixture(params=["mpi", "node"])
+def check_place(request, session):
+    """Where the signature check runs: MPI's Allreduce, or the node's memory
+    (Note [check on the node] in rabit_py/engine/_shm.py), which a large
+    allreduce on one host switches to from the next call."""
+    engine = rabit.api._engine
+    frame = engine.frame
+    if request.param == "node":
+        # The smallest allreduce that builds the node's reducer.
+        config = engine.config
+        nbytes = config.shm_min_bytes if session == "mpi" else config.shm_keep_min_bytes
+        rabit.allreduce(np.ones(nbytes // 4, dtype=np.float32), Op.SUM)
+        if not all_ranks_agree_that(frame.checks_on_node):
+            pytest.skip("the ranks do not share one host's memory")
+    else:
+        assert not frame.checks_on_node
+    return request.param
+
+
 @needs_ranks(2)
 @pytest.mark.parametrize("case", ["shape", "dtype", "op", "kind", "root", "skip", "custom_op"])
-def test_mismatch_raises_on_every_rank(session, case):
+def test_mismatch_raises_on_every_rank(check_place, case):
     odd = RANK == ODD
     with pytest.raises(CollectiveMismatchError) as info:
         if case == "shape":
@@ -97,7 +116,7 @@ def test_extra_call_before_checkpoint_is_caught():
 
 
 @needs_ranks(2)
-def test_bad_input_on_one_rank_stops_every_rank(session):
+def test_bad_input_on_one_rank_stops_every_rank(check_place):
     data = np.zeros(4)
     if RANK == ODD:
         data.flags.writeable = False
