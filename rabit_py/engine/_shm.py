@@ -154,7 +154,8 @@ robust engine skips the ``Agree`` there (9 us of a 1 MiB training loop's
 iteration on two ranks).
 
 Waiting is spinning on the flags (yielding the CPU after a few hundred
-reads, so oversubscribed ranks still progress). A rank that dies while its
+reads, or at once where the node has more ranks than the host has CPUs, so
+oversubscribed ranks still progress). A rank that dies while its
 peers wait must not leave them spinning: every few milliseconds the waiters
 check that their node peers' processes are alive and whether the engine's
 watchdog fired or the communicator was revoked, and leave with the matching
@@ -191,6 +192,10 @@ _CHECK_VECTORS = 4 * _LINE
 _CHECK_BYTES = 2 * _LINE                # room for a check vector (2 * N_FIELDS int64)
 _FLAG_BYTES = 8 * _LINE
 _SPINS_BEFORE_YIELD = 200
+# More ranks than the host's CPUs: a waiter yields almost at once, since the
+# rank it waits for may need its CPU (4 ranks on 2 CPUs, 1 MiB training loop:
+# 1.81 -> 1.62 ms per iteration against 200 spins).
+_SPINS_OVERSUBSCRIBED = 2
 _DIRECT_MAX_RANKS = 2            # up to this many ranks per node: the direct variant
 _CHECK_EVERY_S = 0.005
 _PAGE = mmap.PAGESIZE
@@ -245,6 +250,8 @@ class NodeReducer:
         self.colocated = bool(control.reduce_int(self.node, int(self._shares_one_host()), MPI.MIN))
         self.pids: List[int] = control.allgather(self.node, os.getpid(), "shm.pids")
         self.chunk = max(_LINE, chunk_bytes // _LINE * _LINE)
+        self._spins = (_SPINS_BEFORE_YIELD if self.node_size <= (os.cpu_count() or 1)
+                       else _SPINS_OVERSUBSCRIBED)
         self._interrupted = interrupted or (lambda: None)
         self._seq = 0
         self._call = 0                  # the first sequence number of the current kept call
@@ -849,7 +856,7 @@ class NodeReducer:
         checked = time.monotonic()
         while flag[0] < seq:
             spins += 1
-            if spins < _SPINS_BEFORE_YIELD:
+            if spins < self._spins:
                 continue
             os.sched_yield()
             now = time.monotonic()
