@@ -8,6 +8,7 @@ import pytest
 
 import rabit_py as rabit
 from rabit_py import Op
+from rabit_py.engine._mpistart import MPI
 
 from rabit_py.engine._startup import ulfm_enabled as rabit_ulfm
 
@@ -244,3 +245,32 @@ def test_a_group_split_across_hosts_gives_the_same_bits(groups):
             reducer.free()
         for comm in comms:
             comm.Free()
+
+
+def test_the_check_on_the_node_gives_what_mpis_allreduce_gives(shm_session):
+    # Note [check on the node] in rabit_py/engine/_shm.py: one host's job
+    # checks through its memory from the call after the one that built the
+    # reducer; pseudo-nodes (the hierarchical path) keep MPI's Allreduce.
+    frame = rabit.api._engine.frame
+    rabit.allreduce(np.ones(16), Op.SUM)
+    reducer = rabit.api._engine._reduce._shm
+    if SIZE == 1 or hierarchical(shm_session):
+        assert not frame.checks_on_node
+        return
+    assert frame.checks_on_node and reducer.checks
+    rng = np.random.default_rng(RANK)
+    wildcard = np.iinfo(np.int64).min
+    for round_ in range(7):                 # both halves of the alternating lines, again
+        vec = rng.integers(-5, 5, size=16, dtype=np.int64)
+        if round_ % 3 == 0:
+            vec[:] = np.arange(16)          # every rank the same: the fast path
+        if round_ == 4 and RANK == 0:
+            vec[3] = wildcard               # a field one rank cannot describe
+        wanted = vec.copy()
+        WORLD.Allreduce(MPI.IN_PLACE, wanted, op=MPI.MAX)
+        reducer.exchange_check(vec)
+        assert vec.tolist() == wanted.tolist(), round_
+    # and the engine's calls still agree and run through it
+    data = np.full(4, RANK, dtype=np.int64)
+    rabit.allreduce(data, Op.SUM)
+    assert data.tolist() == [SIZE * (SIZE - 1) // 2] * 4
