@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
@@ -21,14 +22,19 @@ def rabit_run(n: int, *program: str, spares: int = 0) -> List[str]:
 def run(cmd: List[str], timeout: float, env: Optional[dict] = None,
         cwd: Optional[Path] = None,
         on_line: Optional[Callable[[str], None]] = None,
-        clear_env: bool = False) -> Tuple[int, str]:
+        clear_env: bool = False,
+        finished: Optional[Callable[[List[str]], bool]] = None) -> Tuple[int, str]:
     """Run ``cmd`` (in ``cwd``, default the checkout); return (exit code,
     stdout+stderr). ``env`` is added to this process's environment, or is
     the whole environment with ``clear_env``. ``on_line`` is called with
     each line as it comes (to act on cues: kill a process when the job says
     something). A command still running at ``timeout`` has its whole process
     group killed and fails the test (with the stacks of its processes where
-    py-spy can take them)."""
+    py-spy can take them). ``finished(lines)``: the job's work is done (every
+    rank said so); a plain ``mpirun`` job still there ``TEARDOWN_GRACE_S``
+    later is stopped then and its output returned, as the README tells
+    users to do: Open MPI's ``MPI_Finalize`` can hang after a spawned
+    recovery (Note [teardown hang] in rabit_py/launcher/_supervisor.py)."""
     proc = subprocess.Popen(cmd, cwd=cwd or ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True,
                             env=dict(env or {}) if clear_env else {**os.environ, **(env or {})})
@@ -43,7 +49,7 @@ def run(cmd: List[str], timeout: float, env: Optional[dict] = None,
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        proc.wait(timeout=timeout)
+        _wait(proc, timeout, lines, finished)
         reader.join(timeout=30)
     except subprocess.TimeoutExpired:
         stacks = stacks_of(proc.pid)
@@ -55,6 +61,32 @@ def run(cmd: List[str], timeout: float, env: Optional[dict] = None,
     finally:
         _kill_tree(proc.pid)                        # leftovers of the job, if any
     return proc.returncode, "".join(lines)
+
+
+TEARDOWN_GRACE_S = 15.0
+
+
+def _wait(proc: "subprocess.Popen[str]", timeout: float, lines: List[str],
+          finished: Optional[Callable[[List[str]], bool]]) -> None:
+    """Wait for ``proc`` as :func:`run` says; raises ``TimeoutExpired``."""
+    if finished is None:
+        proc.wait(timeout=timeout)
+        return
+    deadline = time.monotonic() + timeout
+    done_at = None
+    while proc.poll() is None:
+        now = time.monotonic()
+        if done_at is None and finished(list(lines)):
+            done_at = now
+        if done_at is not None and now - done_at > TEARDOWN_GRACE_S:
+            lines.append(f"[test: stopped {TEARDOWN_GRACE_S:.0f} s after its work was done: "
+                         f"Open MPI's teardown hang]\n")
+            _kill_tree(proc.pid)
+            proc.wait(timeout=30)
+            return
+        if now > deadline:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        time.sleep(0.1)
 
 
 def stacks_of(pid: int) -> str:
