@@ -12,7 +12,9 @@ import logging
 import os
 import sys
 import warnings
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Tuple
+
+from ._unpickle import qualified_name
 
 __all__ = ["Config", "ENGINES", "GPU_BACKENDS", "RABIT_LIBS", "from_rabit_args"]
 
@@ -103,6 +105,13 @@ class Config:
         gpu_backend: how CuPy arrays are reduced: ``"auto"``, ``"staged"``
             (through host memory) or ``"nccl"`` (not built yet)
             (``RABIT_GPU_BACKEND``; see Note [device arrays] in ``rabit_py/gpu``).
+        checkpoint_classes: classes a checkpoint file may hold beyond data,
+            as comma-separated ``module.Name`` (``RABIT_CHECKPOINT_CLASSES``;
+            ``init`` also takes a list of classes or names). Note
+            [checkpoints are data] in ``rabit_py/_unpickle.py``.
+        trust_checkpoints: load checkpoint files as any pickle, running what
+            they name: only for a folder no one else can write
+            (``RABIT_TRUST_CHECKPOINTS``, default off).
     """
 
     engine: str = "auto"
@@ -126,8 +135,22 @@ class Config:
     cache_budget: int = 0
     run_status_dir: Optional[str] = None
     gpu_backend: str = "auto"
+    checkpoint_classes: str = ""
+    trust_checkpoints: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.checkpoint_classes, str):
+            try:
+                names = [qualified_name(c) for c in self.checkpoint_classes]
+            except TypeError as exc:
+                raise TypeError(f"checkpoint_classes: {exc}") from None
+            object.__setattr__(self, "checkpoint_classes", ",".join(names))
+        for name in self.allowed_checkpoint_classes:
+            if "." not in name or any(ch.isspace() for ch in name):
+                raise ValueError(f"checkpoint_classes: {name!r} is not a 'module.Name' of a "
+                                 f"class (e.g. mypackage.models.MyModel)")
+        if not isinstance(self.trust_checkpoints, bool):
+            raise TypeError(f"trust_checkpoints={self.trust_checkpoints!r} must be a bool")
         if self.engine not in ENGINES:
             raise ValueError(
                 f"engine={self.engine!r} is not one of {', '.join(ENGINES)}")
@@ -202,6 +225,11 @@ class Config:
                               stacklevel=2)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+    @property
+    def allowed_checkpoint_classes(self) -> Tuple[str, ...]:
+        """``checkpoint_classes`` as a tuple of ``module.Name``."""
+        return tuple(n.strip() for n in self.checkpoint_classes.split(",") if n.strip())
 
     def apply_logging(self) -> None:
         """Set the ``rabit_py`` logger's level from ``log_level``; below WARNING,

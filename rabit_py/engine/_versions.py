@@ -15,6 +15,7 @@ from typing import Any, Optional, Tuple
 from ._mpistart import MPI
 
 from ._checkpoint import deserialize, serialize
+from .._unpickle import NotData, load_data
 from ._store import DurableStore
 from ..errors import CheckpointError
 from . import _control as control
@@ -33,10 +34,15 @@ class Checkpoints:
 
     Args:
         store: the durable store (``RABIT_CHECKPOINT_DIR``), or None.
+        allowed: classes its files may hold beyond data (``module.Name``).
+        trust: load its files as any pickle (Note [checkpoints are data]).
     """
 
-    def __init__(self, store: Optional[DurableStore]) -> None:
+    def __init__(self, store: Optional[DurableStore], allowed: Tuple[str, ...] = (),
+                 trust: bool = False) -> None:
         self.store = store
+        self._allowed = allowed
+        self._trust = trust
         self.global_blob: Optional[bytes] = None
         self.local_blob: Optional[bytes] = None
         self.lazy_global: Any = NO_LAZY
@@ -102,12 +108,45 @@ class Checkpoints:
         blobs: Tuple[Optional[bytes], Optional[bytes]] = (None, None)
         try:
             blobs = self.store.load(agreed)
+            self._check_data(agreed, *blobs)
         except CheckpointError as exc:
             problem = str(exc)
         failed = control.allgather(comm, problem, "durable.problems")
         if any(failed):
-            raise mark_every_rank(CheckpointError("; ".join(p for p in failed if p)))
+            # The global model's problem is every rank's: said once.
+            said = list(dict.fromkeys(p for p in failed if p))
+            raise mark_every_rank(CheckpointError("; ".join(said)))
         self.commit(*blobs)
         log.warning("rank %d: resumed from durable checkpoint version %d in %s", rank,
                     agreed, self.store.folder)
         return agreed
+
+    def _check_data(self, version: int, global_blob: Optional[bytes],
+                    local_blob: Optional[bytes]) -> None:
+        """Note [checkpoints are data] in ``rabit_py/_unpickle.py``: the
+        models of ``version``, read from the folder, are loaded as data once
+        before they are taken (the program later loads the same bytes).
+
+        Raises:
+            CheckpointError: a model names something else, or is corrupt.
+        """
+        if self._trust:
+            return
+        for what, blob in (("global model", global_blob), ("local model", local_blob)):
+            if blob is None:
+                continue
+            try:
+                load_data(blob, self._allowed)
+            except NotData as exc:
+                raise CheckpointError(
+                    f"the {what} of checkpoint version {version} in {self.store.folder} "  # type: ignore[union-attr]
+                    f"names {exc.name}, which is not data: loading it would run code "
+                    f"from the file, so nothing of it was loaded. If the folder is yours "
+                    f"and {exc.name} is a class of your model, allow it: "
+                    f"rabit.init(checkpoint_classes=[...]) or "
+                    f"RABIT_CHECKPOINT_CLASSES={exc.name}; for a folder that no one else "
+                    f"can write, RABIT_TRUST_CHECKPOINTS=1 loads any pickle") from None
+            except Exception as exc:
+                raise CheckpointError(
+                    f"the {what} of checkpoint version {version} in {self.store.folder} "  # type: ignore[union-attr]
+                    f"cannot be read back: {type(exc).__name__}: {exc}") from None

@@ -127,6 +127,11 @@ class EngineInfo:
     cache_bytes: int
     cache_budget: int
     cache_refused: int
+    #: what a checkpoint file may hold beyond data (``checkpoint_classes``),
+    #: and whether any pickle is loaded (``trust_checkpoints``): Note
+    #: [checkpoints are data] in ``rabit_py/_unpickle.py``
+    checkpoint_classes: Tuple[str, ...] = ()
+    trust_checkpoints: bool = False
 
 
 class Engine(abc.ABC):

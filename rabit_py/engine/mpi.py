@@ -130,7 +130,9 @@ class MpiEngine(Engine, Transport):
                      if check_settings and frame.size > 1 else None)
         self._reduce.set_hosts(hosts)
         frame.check = config.check and frame.size > 1
-        self.checkpoints = Checkpoints(self._open_store(config, agree=check_settings))
+        self.checkpoints = Checkpoints(self._open_store(config, agree=check_settings),
+                                       config.allowed_checkpoint_classes,
+                                       config.trust_checkpoints)
         self._header = np.zeros(MESSAGE_LEN, dtype=np.int64)
         self._header_bytes = memoryview(self._header).cast("B")
         self._gather: Optional[Tuple[np.ndarray, np.ndarray, memoryview]] = None
@@ -240,7 +242,9 @@ class MpiEngine(Engine, Transport):
             trial=0, joined_as="start", restart=self._config.restart_count, recoveries=0,
             replaced=0, transports=tuple(self._transports.candidates),
             nccl=self._resources.nccl is not None, shared_memory=self._reduce.shared_memory,
-            cache_bytes=0, cache_budget=0, cache_refused=0)
+            cache_bytes=0, cache_budget=0, cache_refused=0,
+            checkpoint_classes=self._config.allowed_checkpoint_classes,
+            trust_checkpoints=self._config.trust_checkpoints)
 
     # ------------------------------------------------------- device support
     # (Documented in the Engine interface.)

@@ -320,7 +320,10 @@ class KVStore:
         """
         self.wait_all()
         self._updater_states("load_optimizer_states")
-        status, body = api.broadcast(read_states(fname) if self.rank == 0 else None, root=0)
+        info = api.engine_info()
+        status, body = api.broadcast(
+            read_states(fname, info.checkpoint_classes, info.trust_checkpoints)
+            if self.rank == 0 else None, root=0)
         if status != "ok":
             raise CheckpointError(f"cannot load optimizer states from {fname!r} (read on rank "
                                   f"0): {body}")

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import pickle
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 import numpy as np
 
+from .._unpickle import NotData, load_data
 from ..errors import KVStoreError
 
 __all__ = ["model_of", "restore_model", "write_states", "read_states"]
@@ -59,14 +60,25 @@ def write_states(fname: str, states: Any) -> None:
     os.replace(tmp, fname)
 
 
-def read_states(fname: str) -> Tuple[str, Any]:
+def read_states(fname: str, allowed: Iterable[str] = (), trust: bool = False) -> Tuple[str, Any]:
     """``("ok", states)`` read from a file of :func:`write_states`, or
-    ``("error", reason)`` (to broadcast: every rank raises the same)."""
+    ``("error", reason)`` (to broadcast: every rank raises the same). The
+    file is loaded as data (Note [checkpoints are data] in
+    ``rabit_py/_unpickle.py``): ``allowed`` classes beyond it, or anything
+    with ``trust``."""
     try:
         with open(fname, "rb") as f:
-            saved = pickle.load(f)
+            blob = f.read()
+        saved = pickle.loads(blob) if trust else load_data(blob, allowed)
         if not isinstance(saved, dict) or saved.get("format") != _STATES_FORMAT:
             raise ValueError("not a rabit_py optimizer states file")
         return "ok", saved["states"]
+    except NotData as exc:
+        return "error", (f"the file names {exc.name}, which is not data: loading it would run "
+                         f"code from the file, so nothing of it was loaded. If the file is "
+                         f"yours and {exc.name} is a class of your optimizer's states, allow "
+                         f"it: rabit.init(checkpoint_classes=[...]) or "
+                         f"RABIT_CHECKPOINT_CLASSES={exc.name}; RABIT_TRUST_CHECKPOINTS=1 "
+                         f"loads any pickle")
     except (OSError, ValueError, EOFError, pickle.UnpicklingError, KeyError) as exc:
         return "error", f"{type(exc).__name__}: {exc}"

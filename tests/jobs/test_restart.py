@@ -5,12 +5,15 @@ models as a failure-free run."""
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+
+from rabit_py.engine._store import write_file
 
 from .._proc import ROOT, _kill_tree, run
 
@@ -167,3 +170,56 @@ def test_a_replacement_gets_the_settings_that_do_not_fit_in_its_environment(refe
     assert "1 in-job recovery (1 process replaced)" in out
     assert_same_models(out, reference)
     assert (folder / "v00000006.local-1.ckpt").exists(), sorted(os.listdir(folder))
+
+
+# ---------------------------------------------------------------- checkpoints are data
+class _Planted:
+    """What someone who can write into the folder leaves there: unpickling it
+    runs a shell command (Note [checkpoints are data])."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def test_a_planted_checkpoint_runs_nothing_and_is_refused_on_every_rank(tmp_path):
+    folder, marker = tmp_path / "ckpt", tmp_path / "PLANTED-RAN"
+    code, out = run(launcher("--checkpoint-dir", str(folder)), timeout=120,
+                    env={"RABIT_ENGINE": "robust"})
+    assert code == 0, out[-6000:]
+    newest = sorted(folder.glob("v*.global.ckpt"))[-1]
+    version = int(newest.name[1:9])
+    write_file(str(newest), pickle.dumps(_Planted(f"touch {marker}")), RANKS, version)
+    code, out = run(launcher("--checkpoint-dir", str(folder), "--max-restarts", "2"),
+                    timeout=120, env={"RABIT_ENGINE": "robust"})
+    assert code != 0, out[-6000:]
+    assert not marker.exists(), out[-6000:]
+    assert f"the global model of checkpoint version {version} in {folder} names " \
+           f"{os.system.__module__}.system, which is not data" in out, out[-6000:]
+    assert "RABIT_TRUST_CHECKPOINTS=1" in out and "RESULT" not in out, out[-6000:]
+    # said once (rank 0 for every rank), and not restarted: it would fail again
+    assert out.count("CheckpointError (every rank): the global model") == 1, out[-6000:]
+    assert "not restarting it" in out and "restart 1 of 2" not in out, out[-6000:]
+
+
+def test_a_class_of_the_program_loads_only_when_allowed(tmp_path):
+    folder = tmp_path / "ckpt"
+    program = [sys.executable, "tests/programs/custom_model.py"]
+
+    def job(rounds, **env):
+        return run([sys.executable, "-m", "rabit_py.launcher", "-n", "2", "--checkpoint-dir",
+                    str(folder), "--", *program, "--rounds", str(rounds)], timeout=120,
+                   env={"RABIT_ENGINE": "robust", **env})
+
+    code, out = job(2)
+    assert code == 0 and "RESUMED 0 0" in out and "RESULT 2 2" in out, out[-6000:]
+    code, out = job(3)
+    assert code != 0, out[-6000:]
+    assert "names __main__.Model, which is not data" in out, out[-6000:]
+    assert "RABIT_CHECKPOINT_CLASSES=__main__.Model" in out, out[-6000:]
+    code, out = job(3, RABIT_CHECKPOINT_CLASSES="__main__.Model")
+    assert code == 0 and "RESUMED 2 2" in out and "RESULT 3 3" in out, out[-6000:]
+    code, out = job(4, RABIT_TRUST_CHECKPOINTS="1")
+    assert code == 0 and "RESUMED 3 3" in out and "RESULT 4 4" in out, out[-6000:]

@@ -3,6 +3,8 @@ of the launched buckets, optimizers and updaters against a single-process
 reference (and bitwise equal on every rank), optimizer states saved and
 loaded, checkpoints, and bad use raising the same clear error everywhere."""
 
+import os
+import pickle
 import zlib
 
 import numpy as np
@@ -195,6 +197,30 @@ def test_optimizer_states_saved_and_loaded(kv, tmp_path):
             other.close()
     finally:
         again.close()
+
+
+class _Planted:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_planted_optimizer_states_file_runs_nothing(kv, tmp_path):
+    # Note [checkpoints are data] in rabit_py/_unpickle.py: the file is read
+    # on rank 0 as data; every rank raises, naming what it would have run.
+    path = WORLD.bcast(str(tmp_path / "states.pkl"), root=0)
+    marker = path + ".ran"
+    if RANK == 0:
+        with open(path, "wb") as f:
+            pickle.dump({"format": "rabit_py-optimizer-states/1", "states": _Planted(marker)}, f)
+    WORLD.Barrier()
+    kv.set_optimizer(Adam(learning_rate=0.01))
+    with pytest.raises(CheckpointError, match=f"names {os.system.__module__}.system, which is "
+                                              f"not data.*RABIT_CHECKPOINT_CLASSES"):
+        kv.load_optimizer_states(path)
+    assert not os.path.exists(marker)
 
 
 def test_checkpoint_keeps_weights_and_optimizer_state(kv):
