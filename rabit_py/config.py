@@ -109,9 +109,11 @@ class Config:
             as comma-separated ``module.Name`` (``RABIT_CHECKPOINT_CLASSES``;
             ``init`` also takes a list of classes or names). Note
             [checkpoints are data] in ``rabit_py/_unpickle.py``.
-        trust_checkpoints: load checkpoint files as any pickle, running what
-            they name: only for a folder no one else can write
-            (``RABIT_TRUST_CHECKPOINTS``, default off).
+        trust_checkpoints: take a checkpoint folder that other users can
+            write, and load checkpoint files as any pickle, running what they
+            name: only for a folder whose writers you all trust
+            (``RABIT_TRUST_CHECKPOINTS``, default off; Note [private folder]
+            in ``rabit_py/engine/_store.py``).
     """
 
     engine: str = "auto"

@@ -85,9 +85,10 @@ def report_init_error(exc: BaseException, rank: int, every_rank: bool = False) -
         print_once(exc, rank)
 
 
-def checkpoint_folder_problem(folder: str) -> Optional[str]:
+def checkpoint_folder_problem(folder: str, trust: bool = False) -> Optional[str]:
     """Why durable checkpoints cannot be kept in ``folder`` (it is a file,
-    it cannot be made, it is not writable), or None if they can. No MPI."""
+    it cannot be made, it is not writable, or, unless ``trust``, other users
+    can write it), or None if they can. No MPI."""
     from ._store import folder_problem
 
-    return folder_problem(folder)
+    return folder_problem(folder, trust)

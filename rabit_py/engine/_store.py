@@ -134,7 +134,10 @@ def _write_atomic(path: str, write: Callable[[BinaryIO], int], recycled: Optiona
     then fdatasync, rename, and (``sync_folder``) fsync of the folder."""
     tmp = f"{path}.tmp-{os.getpid()}"
     reused = recycled is not None and _claim(recycled, tmp)
-    with open(tmp, "r+b" if reused else "wb") as f:
+    # New files are the owner's only (Note [private folder]); a recycled one
+    # was made so.
+    fd = os.open(tmp, os.O_RDWR if reused else os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "r+b" if reused else "wb") as f:
         size = write(f)
         if reused and os.fstat(f.fileno()).st_size != size:
             f.truncate(size)
@@ -200,14 +203,22 @@ def read_file(path: str, version: int) -> Tuple[Optional[bytes], int]:
     return (data if has else None), world
 
 
-def folder_problem(folder: str) -> Optional[str]:
-    """Why ``folder`` cannot hold checkpoints (it is a file, or it cannot be
-    created or written), or None. Creates nothing that stays: a missing
+def folder_problem(folder: str, trust: bool = False) -> Optional[str]:
+    """Why ``folder`` cannot hold checkpoints (it is a file, it cannot be
+    created or written, or, unless ``trust``, other users can write it:
+    Note [private folder]), or None. Creates nothing that stays: a missing
     folder is judged by its nearest existing parent, an existing one by
     writing and removing a probe file."""
     folder = os.path.abspath(folder)
     if os.path.exists(folder) and not os.path.isdir(folder):
         return f"the checkpoint folder {folder} is a file, not a folder"
+    if os.path.isdir(folder) and not trust:
+        shared = shared_with_others(folder)
+        if shared is not None:
+            return (f"the checkpoint folder {folder} {shared}: whoever can write it can "
+                    f"plant a version that every rank of a resumed job loads. Make it "
+                    f"yours alone (chmod 700 {folder}), or, if you trust everyone who can "
+                    f"write it, set RABIT_TRUST_CHECKPOINTS=1")
     if not os.path.isdir(folder):
         parent = os.path.dirname(folder)
         while not os.path.exists(parent) and parent != os.path.dirname(parent):
@@ -229,6 +240,43 @@ def folder_problem(folder: str) -> Optional[str]:
     return None
 
 
+# Note [private folder]
+# A checkpoint folder that other users can write is a place to plant a
+# version that the next resumed job loads (Note [checkpoints are data] in
+# rabit_py/_unpickle.py limits what loading it can do; this keeps them out).
+# The store makes its folder with mode 0700 and its files 0600, and refuses,
+# at the job's start (rabit-run before it starts anything), an existing
+# folder that another user owns or that its group or others may write,
+# unless the program trusts its checkpoints (RABIT_TRUST_CHECKPOINTS=1).
+def shared_with_others(folder: str) -> Optional[str]:
+    """How other users can write ``folder`` (``"is owned by uid 1001"``,
+    ``"can be written by its group and others (mode 0o777)"``), or None."""
+    st = os.stat(folder)
+    if st.st_uid != os.geteuid():
+        return f"is owned by another user (uid {st.st_uid})"
+    who = []
+    if st.st_mode & 0o020 and not _private_group(st.st_gid, st.st_uid):
+        who.append("its group")
+    if st.st_mode & 0o002:
+        who.append("others")
+    if who:
+        return f"can be written by {' and '.join(who)} (mode {oct(st.st_mode & 0o7777)})"
+    return None
+
+
+def _private_group(gid: int, uid: int) -> bool:
+    """Whether group ``gid`` is user ``uid``'s own (Debian's user private
+    groups: the user's name, no other member), so that umask 002 folders
+    are not taken for shared ones."""
+    import grp
+    import pwd
+    try:
+        group, user = grp.getgrgid(gid), pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return group.gr_name == user.pw_name and not (set(group.gr_mem) - {user.pw_name})
+
+
 class DurableStore:
     """Versions of the checkpoint on disk (Note [durable store]).
 
@@ -236,19 +284,21 @@ class DurableStore:
         folder: the checkpoint folder (created if missing).
         rank, world_size: this process in the job.
         keep: complete versions to keep (older ones are removed by the leader).
+        trust: take a folder that other users can write (Note [private folder]).
     """
 
-    def __init__(self, folder: str, rank: int, world_size: int, keep: int = 2) -> None:
+    def __init__(self, folder: str, rank: int, world_size: int, keep: int = 2,
+                 trust: bool = False) -> None:
         if keep < 1:
             raise ValueError(f"keep={keep} must be >= 1")
         self.folder = os.path.abspath(folder)
         self.rank, self.world_size, self.keep = rank, world_size, keep
-        problem = folder_problem(self.folder)
+        problem = folder_problem(self.folder, trust)
         try:
             if problem is None and not os.path.isdir(self.folder):
-                os.makedirs(self.folder, exist_ok=True)
+                os.makedirs(self.folder, mode=0o700, exist_ok=True)
                 _fsync_dir(os.path.dirname(self.folder))   # the new folder itself
-                problem = folder_problem(self.folder)
+                problem = folder_problem(self.folder, trust)
         except OSError as exc:
             problem = f"cannot create the checkpoint folder {self.folder}: {exc}"
         if problem is not None:
@@ -343,7 +393,8 @@ class DurableStore:
         write_file(self.path(version, "global.ckpt"), global_blob, self.world_size, version,
                    recycled=self._recycled("global.ckpt"), sync_folder=False)
         manifest = Manifest(FORMAT, self.world_size, uses_local)
-        open(self.path(version, manifest.name), "wb").close()
+        os.close(os.open(self.path(version, manifest.name),
+                         os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
         # One folder fsync makes the rename and the creation above durable
         # (the manifest's after the file's: a crash before it leaves the
         # version incomplete).
@@ -395,7 +446,7 @@ class DurableStore:
         bin_dir = os.path.join(self.folder, RECYCLE_DIR)
         if not self._have_bin:
             try:
-                os.makedirs(bin_dir, exist_ok=True)
+                os.makedirs(bin_dir, mode=0o700, exist_ok=True)
             except OSError:
                 return
             self._have_bin = True

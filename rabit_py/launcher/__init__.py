@@ -80,7 +80,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print_plan(cmd, args, env, status_parent, one_node)
         return 0
     if status_parent is not None:
-        os.makedirs(status_parent, exist_ok=True)
+        os.makedirs(status_parent, mode=0o700, exist_ok=True)   # the ranks' reports: ours
     elif not one_node:
         print("rabit-run: the job runs on several hosts and its status folder is in this "
               "machine's temporary folder: ranks on other hosts cannot report to rabit-run "

@@ -33,14 +33,14 @@ def setup_problem(program: List[str], env: Dict[str, str], one_node: bool) -> Op
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")        # the ranks warn of unknown names
-            Config.from_env(env)
+            config = Config.from_env(env)
     except (TypeError, ValueError) as exc:
         return f"a setting is invalid: {exc}"
     if not one_node:
         return None
     folder = env.get("RABIT_CHECKPOINT_DIR")
     if folder:
-        problem = checkpoint_folder_problem(folder)
+        problem = checkpoint_folder_problem(folder, config.trust_checkpoints)
         if problem is not None:
             return problem
     return _program_problem(program, env)

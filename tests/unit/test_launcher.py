@@ -465,6 +465,8 @@ def test_a_program_that_cannot_start_is_not_restarted(tmp_path, capsys):
      "a setting is invalid: RABIT_TIMEOUT='abc': expected a number of seconds"),
     (["true"], {"RABIT_CHECKPOINT_DIR": "FILE"}, "is a file, not a folder"),
     (["true"], {"RABIT_CHECKPOINT_DIR": "FILE/sub"}, "cannot be made: "),
+    (["true"], {"RABIT_CHECKPOINT_DIR": "OPEN"},
+     "can be written by others (mode 0o707): whoever can write it can plant a version"),
 ])
 def test_set_up_errors_are_found_before_anything_starts(tmp_path, capsys, monkeypatch, argv,
                                                         env, words):
@@ -473,6 +475,8 @@ def test_set_up_errors_are_found_before_anything_starts(tmp_path, capsys, monkey
     fake.write_text(f"#!/bin/sh\necho x >> {log}\nexit 0\n")
     fake.chmod(0o755)
     (tmp_path / "FILE").write_text("")
+    (tmp_path / "OPEN").mkdir()
+    (tmp_path / "OPEN").chmod(0o707)         # Note [private folder]
     monkeypatch.chdir(tmp_path)
     for name, value in env.items():
         monkeypatch.setenv(name, value)

@@ -252,3 +252,57 @@ def test_a_resumed_job_rewriting_versions_is_not_pruned_by_a_failed_attempts_lef
     for s in restarted:
         assert s.load(5) == (b"global v5", f"local {s.rank} v5".encode())
         s.close()
+
+
+# ---------------------------------------------------------------- Note [private folder]
+def test_the_folder_and_files_are_the_owners_only(tmp_path):
+    folder = tmp_path / "made" / "ckpt"
+    old = os.umask(0o002)                   # a user-private-groups umask
+    try:
+        ranks = stores(folder)
+        save_versions(ranks, [1, 2])
+    finally:
+        os.umask(old)
+        for s in ranks:
+            s.close()
+    assert os.stat(folder).st_mode & 0o777 == 0o700
+    modes = {name: os.stat(folder / name).st_mode & 0o777 for name in os.listdir(folder)
+             if not name.startswith(".")}
+    assert modes and set(modes.values()) == {0o600}, modes
+
+
+def private_group(folder) -> bool:
+    import grp
+    import pwd
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    group = grp.getgrgid(os.stat(folder).st_gid)
+    return group.gr_name == me and not (set(group.gr_mem) - {me})
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o703])
+def test_a_folder_others_can_write_is_refused_unless_trusted(tmp_path, mode):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    folder.chmod(mode)
+    who = "its group and others" if mode & 0o020 and not private_group(folder) else "others"
+    with pytest.raises(CheckpointError) as info:
+        DurableStore(str(folder), 0, 1)
+    message = str(info.value)
+    assert f"the checkpoint folder {folder} can be written by {who} (mode {oct(mode)})" \
+        in message, message
+    assert f"chmod 700 {folder}" in message and "RABIT_TRUST_CHECKPOINTS=1" in message
+    DurableStore(str(folder), 0, 1, trust=True).close()     # trusted: taken
+
+
+def test_a_group_writable_folder_of_a_private_group_is_the_users(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    folder.chmod(0o770)
+    if private_group(folder):
+        DurableStore(str(folder), 0, 1).close()
+        if os.geteuid() != 0:
+            return
+        import grp
+        os.chown(folder, -1, grp.getgrnam("daemon").gr_gid)     # a group of others
+    with pytest.raises(CheckpointError, match="can be written by its group \\(mode 0o770\\)"):
+        DurableStore(str(folder), 0, 1)
