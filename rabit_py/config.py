@@ -114,6 +114,10 @@ class Config:
             name: only for a folder whose writers you all trust
             (``RABIT_TRUST_CHECKPOINTS``, default off; Note [private folder]
             in ``rabit_py/engine/_store.py``).
+        strict_checkpoints: a durable checkpoint that cannot be written (a
+            full disk) ends the job at the next checkpoint, instead of being
+            said once and skipped (``RABIT_STRICT_CHECKPOINTS``, default off;
+            Note [failed writes] in ``rabit_py/engine/_store.py``).
     """
 
     engine: str = "auto"
@@ -139,6 +143,7 @@ class Config:
     gpu_backend: str = "auto"
     checkpoint_classes: str = ""
     trust_checkpoints: bool = False
+    strict_checkpoints: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint_classes, str):
@@ -151,8 +156,9 @@ class Config:
             if "." not in name or any(ch.isspace() for ch in name):
                 raise ValueError(f"checkpoint_classes: {name!r} is not a 'module.Name' of a "
                                  f"class (e.g. mypackage.models.MyModel)")
-        if not isinstance(self.trust_checkpoints, bool):
-            raise TypeError(f"trust_checkpoints={self.trust_checkpoints!r} must be a bool")
+        for name in ("trust_checkpoints", "strict_checkpoints"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}={getattr(self, name)!r} must be a bool")
         if self.engine not in ENGINES:
             raise ValueError(
                 f"engine={self.engine!r} is not one of {', '.join(ENGINES)}")

@@ -137,12 +137,20 @@ def _write_atomic(path: str, write: Callable[[BinaryIO], int], recycled: Optiona
     # New files are the owner's only (Note [private folder]); a recycled one
     # was made so.
     fd = os.open(tmp, os.O_RDWR if reused else os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "r+b" if reused else "wb") as f:
-        size = write(f)
-        if reused and os.fstat(f.fileno()).st_size != size:
-            f.truncate(size)
-        f.flush()
-        _datasync(f.fileno())
+    try:
+        with os.fdopen(fd, "r+b" if reused else "wb") as f:
+            size = write(f)
+            if reused and os.fstat(f.fileno()).st_size != size:
+                f.truncate(size)
+            f.flush()
+            _datasync(f.fileno())
+    except BaseException:
+        # A full disk: what was written of it would only take more room.
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     os.replace(tmp, path)
     if sync_folder:
         _fsync_dir(os.path.dirname(path) or ".")
@@ -285,10 +293,12 @@ class DurableStore:
         rank, world_size: this process in the job.
         keep: complete versions to keep (older ones are removed by the leader).
         trust: take a folder that other users can write (Note [private folder]).
+        strict: a failed write is raised at the next call (Note [failed
+            writes]); by default it is said once per kind and skipped.
     """
 
     def __init__(self, folder: str, rank: int, world_size: int, keep: int = 2,
-                 trust: bool = False) -> None:
+                 trust: bool = False, strict: bool = False) -> None:
         if keep < 1:
             raise ValueError(f"keep={keep} must be >= 1")
         self.folder = os.path.abspath(folder)
@@ -308,6 +318,11 @@ class DurableStore:
                                   f"rabit-run --checkpoint-dir)")
         self._queue: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self._error: Optional[BaseException] = None
+        self._strict = strict
+        self._failures_said: set = set()     # kinds of failed writes said already
+        self._failing = False                # the last write failed
+        #: versions whose write failed on this rank (Note [failed writes])
+        self.failed_versions: List[int] = []
         self._thread = threading.Thread(target=self._run, name="rabit-checkpoint-writer",
                                         daemon=True)
         self._thread.start()
@@ -367,10 +382,43 @@ class DurableStore:
                 start = time.perf_counter()
                 self._write(*item)
                 self.write_seconds += time.perf_counter() - start
+                if self._failing:
+                    self._failing = False
+                    log.warning("rank %d: durable checkpoints are written to %s again, from "
+                                "version %d", self.rank, self.folder, item[0])
+            except OSError as exc:
+                if self._strict:
+                    self._error = exc
+                else:
+                    self._failed(item[0], exc)      # type: ignore[index]
             except Exception as exc:  # noqa: BLE001 - reported on the caller's thread
                 self._error = exc
             finally:
                 self._queue.task_done()
+
+    # Note [failed writes]
+    # A version's write that fails (a full disk, a quota, an I/O error,
+    # permission lost) leaves the versions before it as they were: every file
+    # is written under a temporary name (removed on failure) and renamed, and
+    # a version is complete only with its manifest, made last. So by default
+    # the job goes on: its in-memory checkpoint still serves in-job recovery,
+    # a restart resumes from the last complete version on disk, and the next
+    # versions are tried again (said once when they succeed). Each kind of
+    # failure (errno) is said once per rank. With ``strict`` the failure is
+    # raised at the rank's next checkpoint instead, so that the job ends
+    # rather than run on with its durable copy falling behind.
+    def _failed(self, version: int, exc: OSError) -> None:
+        self.failed_versions.append(version)
+        self._failing = True
+        kind = exc.errno if exc.errno is not None else type(exc).__name__
+        if kind in self._failures_said:
+            return
+        self._failures_said.add(kind)
+        log.warning("rank %d: writing durable checkpoint version %d to %s failed (%s); the "
+                    "versions before it stay loadable, training goes on with the checkpoint "
+                    "in memory, and later versions will be written again. Said once for "
+                    "this kind of failure; RABIT_STRICT_CHECKPOINTS=1 ends the job instead",
+                    self.rank, version, self.folder, exc.strerror or exc)
 
     def _write(self, version: int, global_blob: Optional[bytes], local_blob: Optional[bytes],
                uses_local: bool) -> None:

@@ -177,7 +177,8 @@ class MpiEngine(Engine, Transport):
         problem: Optional[str] = None
         try:
             store = DurableStore(config.checkpoint_dir, frame.rank, frame.size,
-                                 config.keep_checkpoints, config.trust_checkpoints)
+                                 config.keep_checkpoints, config.trust_checkpoints,
+                                 config.strict_checkpoints)
         except CheckpointError as exc:
             problem = str(exc)
         if not agree and problem is not None:

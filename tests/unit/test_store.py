@@ -2,11 +2,18 @@
 
 import logging
 import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from rabit_py.engine._store import DurableStore, read_file, write_file
 from rabit_py.errors import CheckpointError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def stores(folder, world=2, keep=2):
@@ -203,14 +210,101 @@ def test_pruning_ignores_newer_leftovers_of_an_earlier_attempt(tmp_path):
     assert ranks[1].load(2) == (b"global v2", b"local 1 v2")
 
 
-def test_a_failed_write_is_reported_on_the_next_call(tmp_path):
-    store = DurableStore(str(tmp_path), 0, 1)
+def test_a_failed_write_ends_a_strict_job_at_the_next_call(tmp_path):
+    store = DurableStore(str(tmp_path), 0, 1, strict=True)
     # A folder where the writer's temporary file should be: the open fails.
     (tmp_path / f"v00000001.global.ckpt.tmp-{os.getpid()}").mkdir()
     store.save(1, b"g", None, False)
     with pytest.raises(CheckpointError, match="rank 0: writing a durable checkpoint failed"):
         store.flush()
     store.close()
+
+
+def test_a_failed_write_is_said_once_and_skipped_and_later_versions_are_written(
+        tmp_path, caplog):
+    # Note [failed writes]: the default.
+    store = DurableStore(str(tmp_path), 0, 1)
+    store.save(1, b"g1", None, False)
+    store.flush()
+    blockers = [tmp_path / f"v0000000{v}.global.ckpt.tmp-{os.getpid()}" for v in (2, 3)]
+    for blocker in blockers:
+        blocker.mkdir()
+    with caplog.at_level(logging.WARNING, logger="rabit_py"):
+        for v in (2, 3):
+            store.save(v, f"g{v}".encode(), None, False)
+            store.flush()                       # no error: the job goes on
+        assert store.failed_versions == [2, 3]
+        assert store.newest_loadable() == 1 and store.load(1) == (b"g1", None)
+        said = [r.getMessage() for r in caplog.records
+                if "writing durable checkpoint" in r.getMessage()]
+        assert len(said) == 1, said             # once for this kind of failure
+        assert "writing durable checkpoint version 2" in said[0]
+        assert "versions before it stay loadable" in said[0]
+        assert "RABIT_STRICT_CHECKPOINTS=1" in said[0]
+        for blocker in blockers:
+            blocker.rmdir()                     # the space came back
+        store.save(4, b"g4", None, False)
+        store.flush()
+    assert store.newest_loadable() == 4 and store.load(4) == (b"g4", None)
+    assert any("written to" in r.getMessage() and "again, from version 4" in r.getMessage()
+               for r in caplog.records)
+    store.close()
+
+
+FILL_DISK = """
+import logging, os, sys
+from rabit_py.engine._store import DurableStore
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+folder = sys.argv[1]
+store = DurableStore(os.path.join(folder, "ckpt"), 0, 1)
+version = 0
+while not store.failed_versions and version < 100:     # growing versions, 256 KiB disk
+    version += 1
+    payload = os.urandom((20 + 8 * version) << 10)      # (a recycled file of the same
+                                                        # size would need no new room)
+    filler = os.path.join(folder, f"filler-{version}")
+    try:
+        with open(filler, "wb") as f:                   # the disk fills up beside us
+            f.write(os.urandom(30 << 10))
+    except OSError:
+        pass
+    store.save(version, payload + bytes([version]), None, False)
+    store.flush()
+print("FAILED", store.failed_versions, "LOADABLE", store.newest_loadable(), flush=True)
+loadable = store.newest_loadable()
+blob = store.load(loadable)[0]
+assert len(blob) == ((20 + 8 * loadable) << 10) + 1 and blob[-1] == loadable
+for name in os.listdir(folder):                         # space returns
+    if name.startswith("filler-"):
+        os.unlink(os.path.join(folder, name))
+payload = os.urandom(20 << 10)
+store.save(version + 1, payload + bytes([version + 1]), None, False)
+store.flush()
+print("AFTER", store.newest_loadable(), flush=True)
+assert store.load(version + 1)[0] == payload + bytes([version + 1])
+store.close()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="mounts a small tmpfs: needs root and unshare")
+def test_a_filesystem_that_fills_up_loses_no_complete_version(tmp_path):
+    # A real full disk: a 256 KiB tmpfs in a mount namespace of the test's own.
+    script = tmp_path / "fill.py"
+    script.write_text(FILL_DISK)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c",
+         f"mount -t tmpfs -o size=256k none {disk} && {sys.executable} {script} {disk}"],
+        capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    failed = re.search(r"FAILED \[(\d+)\] LOADABLE (\d+)", out)
+    assert failed and int(failed.group(2)) == int(failed.group(1)) - 1, out
+    assert "No space left on device" in out and out.count("failed (") == 1, out
+    assert re.search(r"AFTER (\d+)", out) and "again, from version" in out, out
+    assert os.listdir(disk) == []               # the mount went with its namespace
 
 
 def test_a_version_written_again_gets_one_new_manifest(tmp_path):
