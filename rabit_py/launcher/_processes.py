@@ -44,14 +44,16 @@ def start_time(pid: int) -> Optional[str]:
         return None
 
 
-def is_stopped(pid: int) -> bool:
-    """Whether process ``pid`` is stopped (SIGSTOP, a debugger): its threads,
-    the heartbeat's included, run no more until it is continued."""
+def is_stopped(pid: int, traced: bool = True) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, or, with ``traced``, a
+    debugger): its threads, the heartbeat's included, run no more until it
+    is continued."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+            state = f.read().rsplit(b")", 1)[1].split()[0]
     except (OSError, IndexError):
         return False
+    return state == b"T" or (traced and state == b"t")
 
 
 def kill_tree(pid: int) -> List[int]:

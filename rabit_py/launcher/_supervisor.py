@@ -24,6 +24,16 @@ ranks run in process groups of their own -- when:
 (d) a rank died while the others were spawning processes for other ranks,
     and the spawn has not ended ``SPAWN_DEATH_S`` later (Note [stuck spawn]).
 
+And it ends one rank, not the job, when
+
+(e) that rank's process (on this host) has been stopped (SIGSTOP: a paused
+    VM's or container's process, a job-control stop) for ``FROZEN_S`` while
+    another rank waits inside rabit_py: a frozen rank holds everyone, and
+    killed it is a dead rank, which the job replaces in place (bitwise, no
+    restart). A process that a debugger holds (tracing stop) is left alone.
+    A replacement that freezes again and again is ended each time until the
+    engine's crash-loop rule (``RABIT_CRASH_LOOP``) ends the job as a bug.
+
 # Note [stuck spawn]
 ``MPI_Comm_spawn`` and the merge after it are not fault tolerant in Open MPI
 5: when a process taking part dies during them, the survivors wait for good
@@ -95,6 +105,7 @@ LINGER_S = 5.0            # no process left but mpirun: time for it to exit
 DEAD_RANKS_S = 1.0        # every rank dead, other processes left: time before ending them
 BEAT_STALE_S = 10.0       # a heartbeat unchanged this long: that rank is gone
 SPAWN_DEATH_S = 2.0       # Note [stuck spawn]: a death during a spawn, this long
+FROZEN_S = 2.0            # rule (e): a rank stopped this long while others wait: killed
 STALL_FACTOR = 10.0
 STALL_FLOOR_S = 60.0
 STALL_CEILING_S = 900.0
@@ -114,6 +125,7 @@ class Outcome:
     started: bool = False            # whether any rank started
     recoveries: int = 0              # in-job recoveries the ranks reported
     replaced: int = 0                # processes that replaced a dead rank in the job
+    frozen: List[str] = dataclasses.field(default_factory=list)  # rule (e): what was done
     progressed: bool = False         # whether the ranks got further than they started
 
 
@@ -278,7 +290,7 @@ class Attempt:
         everyone = clean >= self.ranks or (job_done(self.status_dir) and not failed)
         outcome = Outcome(code, started=any(r.started for r in ranks.values()),
                           recoveries=watch.recoveries, replaced=watch.replaced,
-                          progressed=watch.longest_gap > 0)
+                          progressed=watch.longest_gap > 0, frozen=list(watch.frozen))
         all_clean = everyone and not fatal
         if all_clean and (code == 0 or code > 128 or stopped is not None):
             if code > 128 and stopped is None:
@@ -409,6 +421,8 @@ class _Watch:
         self.seen_processes = False
         self.recoveries = 0
         self.replaced = 0
+        self.frozen_since: Dict[int, float] = {}     # rule (e): pid -> stopped since
+        self.frozen: List[str] = []                  # rule (e): what was done, for the summary
 
     def count(self, ranks: Dict[str, Report]) -> None:
         """Take the in-job recovery counters (and PIDs) from the ranks' beats."""
@@ -471,6 +485,8 @@ class _Watch:
             self.spawn_death_since = self.spawn_death_since or now
             if now - self.spawn_death_since > SPAWN_DEATH_S:
                 return stuck
+        # (e) a rank stopped while the others wait for it: end it alone.
+        self._end_frozen(now, alive)
         # (b) a stall: no progress while every living rank waits inside rabit_py.
         positions = {n: r.position for n, r in ranks.items() if r.position is not None}
         if positions != self.positions:
@@ -496,6 +512,39 @@ class _Watch:
         computes nothing, so the others waiting for it are a wedge."""
         beat = report.beat
         return beat is not None and beat[6] == self.attempt._host and is_stopped(beat[5])
+
+    def _end_frozen(self, now: float, alive: Dict[str, Report]) -> None:
+        """Rule (e) of Note [supervision]: SIGKILL a rank's process that has
+        been stopped for ``FROZEN_S`` while another rank waits inside
+        rabit_py; the job then replaces it as a dead rank."""
+        stopped = {}
+        for name, report in alive.items():
+            # The rank's newest process (a rank that stops before its first
+            # heartbeat has only its start record).
+            where = report.started_by or (report.beat[5:7] if report.beat else None)
+            if where is not None and where[1] == self.attempt._host and is_stopped(
+                    where[0], traced=False):
+                stopped[where[0]] = name
+        for pid in list(self.frozen_since):
+            if pid not in stopped:
+                del self.frozen_since[pid]          # continued (or gone)
+        waiting = any(r.state not in ("user", "done") for n, r in alive.items()
+                      if n not in stopped.values())
+        for pid, name in stopped.items():
+            since = self.frozen_since.setdefault(pid, now)
+            if not waiting or now - since < FROZEN_S:
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            del self.frozen_since[pid]
+            rank = name.split("-", 1)[1]
+            what = (f"rank {rank} (pid {pid}) was stopped (SIGSTOP) for {now - since:.1f} s "
+                    f"while the other ranks waited for it in rabit_py; killed it, so that "
+                    f"the job replaces it in place")
+            self.frozen.append(what)
+            self.attempt._say(f"rabit-run: {what}")
 
     @staticmethod
     def _stuck_spawn(ranks: Dict[str, Report], alive: Dict[str, Report]) -> Optional[str]:

@@ -177,6 +177,31 @@ def test_sigkill_from_outside_is_recovered(reference):
     assert_recovered(out, parse(out, "START"), parse(out, "RESULT"), reference, {2})
 
 
+def test_a_rank_stopped_from_outside_is_replaced_in_the_job(reference):
+    # Issue 32: a frozen rank (SIGSTOP, as a paused VM or container leaves it)
+    # held every rank until rabit-run's wedge rule ended the whole job after
+    # 60 s. Now rabit-run kills it once the others wait for it (Note
+    # [supervision], rule (e)) and the job replaces it in place: the models
+    # of the failure-free run, no restart.
+    victim, frozen_at = [], []
+
+    def stop_rank_2_after_round_1(line: str) -> None:
+        if line.startswith("START ") and json.loads(line[6:])["rank"] == 2 and not victim:
+            victim.append(json.loads(line[6:])["pid"])
+        if line.startswith("ROUND 1 done") and victim and not frozen_at:
+            os.kill(victim[0], signal.SIGSTOP)
+            frozen_at.append(time.monotonic())
+
+    code, out = run(rabit_run(RANKS, *PROGRAM, "--sleep", "0.3"), timeout=180,
+                    env={"RABIT_ENGINE": "robust"}, on_line=stop_rank_2_after_round_1)
+    assert code == 0 and frozen_at, out[-6000:]
+    assert re.search(rf"rabit-run: rank 2 \(pid {victim[0]}\) was stopped \(SIGSTOP\) for "
+                     rf"\d+\.\d s while the other ranks waited for it in rabit_py; killed it",
+                     out), out[-6000:]
+    assert "a wedge" not in out and "restart 1 of" not in out, out[-6000:]
+    assert_recovered(out, parse(out, "START"), parse(out, "RESULT"), reference, {2})
+
+
 def test_robust_engine_refuses_a_job_without_fault_tolerance():
     code, out = run([sys.executable, "-c", "import rabit_py as r; r.init(engine='robust')"],
                     timeout=60)

@@ -4,6 +4,7 @@ compared bitwise with a failure-free run (scripts/soak.py)."""
 
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -171,19 +172,20 @@ def test_the_earliest_report_decides_the_verdict(tmp_path, capsys, bug_first):
         assert "bug" not in err and "Unpickling" not in err, err
 
 def test_a_wedged_job_is_ended_and_restarted(tmp_path):
-    # Rank 1 stops (SIGSTOP) inside an allreduce, so every living rank waits
-    # inside rabit_py and nothing moves: a wedge the collective timeout (600 s
-    # here) would end only after ten minutes. rabit-run ends it after the
-    # stall timeout and restarts it; the restarted job finishes.
-    program = ("import os, signal, numpy as np, rabit_py as r\n"
+    # Rank 1 hangs inside an allreduce (its prepare_fun never returns), so
+    # every living rank waits inside rabit_py and nothing moves: a wedge the
+    # collective timeout (600 s here) would end only after ten minutes.
+    # rabit-run ends it after the stall timeout and restarts it; the
+    # restarted job finishes.
+    program = ("import os, time, numpy as np, rabit_py as r\n"
                "r.init()\n"
                "version, model = r.load_checkpoint()\n"
                "first = os.environ['RABIT_RESTART_COUNT'] == '0'\n"
-               "def stop(buf):\n"
+               "def hang(buf):\n"
                "    buf[:] = 1.0\n"
                "    if first and r.get_rank() == 1:\n"
-               "        os.kill(os.getpid(), signal.SIGSTOP)\n"
-               "x = r.allreduce(np.empty(2), r.Op.SUM, prepare_fun=stop)\n"
+               "        time.sleep(3600)\n"
+               "x = r.allreduce(np.empty(2), r.Op.SUM, prepare_fun=hang)\n"
                "print('SUM', x.tolist(), flush=True)\n"
                "r.finalize()\n")
     cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", "2", "--max-restarts", "1",
@@ -192,6 +194,32 @@ def test_a_wedged_job_is_ended_and_restarted(tmp_path):
     assert code == 0, out
     assert "no rank made progress for" in out and "a wedge" in out, out
     assert out.count("SUM [2.0, 2.0]") == 2, out
+
+
+def test_a_rank_stopped_inside_a_call_is_killed_and_replaced_in_the_job():
+    # Rule (e) of Note [supervision]: rank 1's first process stops itself
+    # (SIGSTOP) inside an allreduce; rabit-run kills it once it has been
+    # stopped for a while with rank 0 waiting, and the job replaces it in
+    # place: no wedge, no restart. Its replacement does not stop.
+    program = ("import os, signal, numpy as np, rabit_py as r\n"
+               "r.init()\n"
+               "version, model = r.load_checkpoint()\n"
+               "def stop(buf):\n"
+               "    buf[:] = 1.0\n"
+               "    if r.get_rank() == 1 and r.engine_info().trial == 0:\n"
+               "        os.kill(os.getpid(), signal.SIGSTOP)\n"
+               "x = r.allreduce(np.empty(2), r.Op.SUM, prepare_fun=stop)\n"
+               "print('SUM', x.tolist(), flush=True)\n"
+               "r.finalize()\n")
+    cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", "2", "--max-restarts", "1",
+           "--restart-delay", "0", "--", sys.executable, "-c", program]
+    code, out = run(cmd, timeout=120, env={"RABIT_TIMEOUT": "600"})
+    assert code == 0, out
+    assert re.search(r"rabit-run: rank 1 \(pid \d+\) was stopped \(SIGSTOP\) for \d+\.\d s "
+                     r"while the other ranks waited for it in rabit_py; killed it", out), out
+    assert out.count("SUM [2.0, 2.0]") == 2, out
+    assert "a wedge" not in out and "restart 1 of" not in out, out
+    assert "1 in-job recovery (1 process replaced)" in out and "\n  frozen: rank 1" in out, out
 
 def failure_free_then_restarted(tmp_path, env, *args):
     """The failure-free run's RESULTs by rank, then the exit status and output
