@@ -76,9 +76,10 @@ def main() -> int:
             np.multiply(base, 1.0 + it * args.calls + call, out=grad)
             rabit.allreduce(grad, rabit.Op.SUM)
             step += grad * 1e-3
-        # After the round's last collective: a lazy checkpoint's model must
-        # not change before then (a replacement is given it as it is).
-        model += step
+        # A new array, not `model += step`: a lazy checkpoint's model must not
+        # change until the next checkpoint (a replacement is given the object
+        # as it is then; an outside-kill storm caught the in-place update).
+        model = model + step
         if args.lazy:
             rabit.lazy_checkpoint(model)
         else:
