@@ -10,8 +10,11 @@ only the names of :data:`DATA_NAMES` -- Python's and NumPy's data types and
 the functions that rebuild arrays, dtypes, scalars and random generators from
 their bytes -- and the classes the program allowed by name; any other name
 ends the load before anything of it ran, with :class:`NotData` naming it.
-rabit_py's and the trainers' own models are dicts of such data, so they need
-nothing more. Pickles that travel between the job's own ranks (replicas,
+The trainers' and the KVStore's models are dicts of such data, and
+``rabit_py.xgboost``'s a dataclass of it (listed here); but that one carries
+the training callbacks as a pickle of their own, which ``rabit_py.xgboost``
+loads as before (callbacks are the program's objects, and XGBoost's own name
+functions: not done yet). Pickles that travel between the job's own ranks (replicas,
 replays, broadcasts) are not read from a file and stay plain, as fast as
 before.
 """
@@ -44,7 +47,9 @@ DATA_NAMES: FrozenSet[str] = frozenset(
                                             ("bit_generator", "SeedSequence"),
                                             ("bit_generator", "__pyx_unpickle_SeedSequence"),
                                             ("_generator", "Generator"),
-                                            ("mtrand", "RandomState"))])
+                                            ("mtrand", "RandomState"))]
+    # rabit_py's own checkpointed classes (data only: a frozen dataclass).
+    + ["rabit_py.xgboost._rounds.BoostState"])
 
 
 class NotData(pickle.UnpicklingError):
