@@ -60,6 +60,15 @@ class NotData(pickle.UnpicklingError):
         super().__init__(f"it names {name}, which is not data")
         self.name = name
 
+    def advice(self) -> str:
+        """What a refusal's message says after naming where: why nothing
+        was loaded and how to allow it."""
+        return (f"names {self.name}, which is not data: loading it would run code from the "
+                f"file, so nothing of it was loaded. If the file is yours and {self.name} is "
+                f"a class of your model, allow it: rabit.init(checkpoint_classes=[...]) or "
+                f"RABIT_CHECKPOINT_CLASSES={self.name}; where everyone who can write the "
+                f"folder is trusted, RABIT_TRUST_CHECKPOINTS=1 loads any pickle")
+
 
 class DataUnpickler(pickle.Unpickler):
     """An unpickler that resolves only :data:`DATA_NAMES` and ``allowed``

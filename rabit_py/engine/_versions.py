@@ -140,12 +140,7 @@ class Checkpoints:
             except NotData as exc:
                 raise CheckpointError(
                     f"the {what} of checkpoint version {version} in {self.store.folder} "  # type: ignore[union-attr]
-                    f"names {exc.name}, which is not data: loading it would run code "
-                    f"from the file, so nothing of it was loaded. If the folder is yours "
-                    f"and {exc.name} is a class of your model, allow it: "
-                    f"rabit.init(checkpoint_classes=[...]) or "
-                    f"RABIT_CHECKPOINT_CLASSES={exc.name}; for a folder that no one else "
-                    f"can write, RABIT_TRUST_CHECKPOINTS=1 loads any pickle") from None
+                    f"{exc.advice()}") from None
             except Exception as exc:
                 raise CheckpointError(
                     f"the {what} of checkpoint version {version} in {self.store.folder} "  # type: ignore[union-attr]

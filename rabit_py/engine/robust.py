@@ -245,7 +245,9 @@ class RobustEngine(MpiEngine):
         if prepare_fun is not None or cache.refused:
             return self._execute_in_place(key, call, data, op, prepare_fun)
         # A call kept in the node's memory needs no buffer (4.5 us per call).
-        out = None if self._reduce.will_keep(data, op) else cache.buffer_like(data)
+        reduce = self._reduce
+        out = (None if data.nbytes >= reduce.kept_from and reduce.will_keep(data, op)
+               else cache.buffer_like(data))
         result = self.framed_allreduce(data, op, prepare_fun, None, out, call, True,
                                        call_id=key, again=key == self._again_key)
         self.frame.check_revoked()

@@ -74,11 +74,6 @@ def read_states(fname: str, allowed: Iterable[str] = (), trust: bool = False) ->
             raise ValueError("not a rabit_py optimizer states file")
         return "ok", saved["states"]
     except NotData as exc:
-        return "error", (f"the file names {exc.name}, which is not data: loading it would run "
-                         f"code from the file, so nothing of it was loaded. If the file is "
-                         f"yours and {exc.name} is a class of your optimizer's states, allow "
-                         f"it: rabit.init(checkpoint_classes=[...]) or "
-                         f"RABIT_CHECKPOINT_CLASSES={exc.name}; RABIT_TRUST_CHECKPOINTS=1 "
-                         f"loads any pickle")
+        return "error", f"the file {exc.advice()}"
     except (OSError, ValueError, EOFError, pickle.UnpicklingError, KeyError) as exc:
         return "error", f"{type(exc).__name__}: {exc}"
