@@ -16,7 +16,8 @@ for a spare (W: its rank in ``MPI_COMM_WORLD``):
   STATE being ``call`` (inside a collective), ``repair`` (repairing the job
   after a failure), ``spawn`` (repairing, inside a spawn of processes for the
   ranks listed in SPAWNING, comma-separated; ``-`` in other states), ``user``
-  (in the program's own code) or ``done``;
+  (in the program's own code), ``prepare`` (in the program's ``prepare_fun``,
+  inside the call: its own code too) or ``done``;
 - ``NAME.fatal``: the job cannot go on; first line ``restart`` (a restart from
   the durable checkpoint may help), ``bug`` (it would not: the program must
   change), ``setup`` (the job cannot start as it is set up: ranks with
@@ -24,6 +25,10 @@ for a spare (W: its rank in ``MPI_COMM_WORLD``):
   program ended the job on purpose: ``rabit.abort``), and the time it was
   written (seconds since the epoch: the earliest report is the cause); then
   the reason;
+- ``NAME.overdue``: the rank has waited in a collective past the collective
+  timeout and asks rabit-run to end the ranks that hold it (Note [hung ranks]
+  in ``engine/_watchdog.py``): ``VERSION SEQNO KIND WAITED TIME`` (the call,
+  the seconds it lasted, when written); written once per such call;
 - ``NAME.ok`` / ``NAME.failed``: how the engine ended, as the process exits
   (``failed`` holds the reason when one is known);
 - ``job.done``: every rank of the job reached ``finalize`` together (written
@@ -52,7 +57,7 @@ RESTART = "restart"
 BUG = "bug"
 SETUP = "setup"
 ABORT = "abort"         # the program ended the job on purpose (rabit.abort)
-STATES = ("call", "repair", "spawn", "user", "done")
+STATES = ("call", "repair", "spawn", "user", "prepare", "done")
 
 
 class Reporter:
@@ -102,6 +107,15 @@ class Reporter:
         self._write("beat", f"{self._beats} {version} {seqno} {kind} {state} {os.getpid()} "
                             f"{self._host} {recoveries} {replaced} {spawned}\n")
 
+    def overdue(self, version: int, seqno: int, kind: int, waited: float) -> bool:
+        """This rank's call ``(version, seqno, kind)`` has lasted ``waited``
+        seconds, past the collective timeout: rabit-run may end the ranks
+        that hold it. Whether there is a folder to say it in."""
+        if self.folder is None:
+            return False
+        self._write("overdue", f"{version} {seqno} {kind} {waited:.3f} {time.time():.6f}\n")
+        return True
+
     def fatal(self, category: str, reason: str) -> None:
         """The job cannot go on (``RESTART``, ``BUG``, ``SETUP`` or ``ABORT``); the first
         report of a process wins."""
@@ -139,6 +153,8 @@ class Report:
         return None if self.beat is None else self.beat[1:4]   # type: ignore[return-value]
 
     spawning: FrozenSet[int] = frozenset()       # state spawn: the ranks being replaced
+    #: (version, seqno, kind, seconds waited, when written): Note [hung ranks]
+    overdue: Optional[Tuple[int, int, int, float, float]] = None
 
     @property
     def state(self) -> Optional[str]:
@@ -172,7 +188,7 @@ def read_reports(folder: str) -> Dict[str, Report]:
                 pass
         elif kind == "ok":
             report.ok = True
-        elif kind in ("failed", "fatal", "beat"):
+        elif kind in ("failed", "fatal", "beat", "overdue"):
             try:
                 with open(os.path.join(folder, file)) as f:
                     text = f.read()
@@ -188,6 +204,13 @@ def read_reports(folder: str) -> Dict[str, Report]:
                     report.fatal_at = float(words[1])
                 except (IndexError, ValueError):
                     report.fatal_at = 0.0
+            elif kind == "overdue":
+                fields = text.split()
+                try:
+                    report.overdue = (int(fields[0]), int(fields[1]), int(fields[2]),
+                                      float(fields[3]), float(fields[4]))
+                except (IndexError, ValueError):
+                    pass
             else:
                 fields = text.split()
                 try:

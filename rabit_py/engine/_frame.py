@@ -26,6 +26,7 @@ checked the same way.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -47,6 +48,8 @@ from ._watchdog import (FATAL_NOTICE_TAG, TIMEOUT_NOTICE_TAG, Position, Watchdog
                         exchange_positions, find_notice, timeout_message)
 
 __all__ = ["CallFrame"]
+
+log = logging.getLogger("rabit_py")
 
 
 class CallFrame:
@@ -89,6 +92,7 @@ class CallFrame:
         self.finalized = False
         self.membership = 0
         self.watchdog: Optional[Watchdog] = None
+        self.preparing = False      # inside the program's prepare_fun (run_prepare)
         self.reporter = Reporter(None, "")
         self._check_vector = CheckVector()
         # Note [check on the node] in _shm.py: the node reducer's exchange, or
@@ -369,6 +373,32 @@ class CallFrame:
         sys.stderr.flush()
         self.reporter.fatal(RESTART, self._timeout_message(token, positions))
         abort_job(self.comm, self.reporter)
+
+    def run_prepare(self, prepare_fun: Callable[[Any], None], data: Any) -> None:
+        """Run the program's ``prepare_fun(data)`` inside a call: the
+        heartbeat says ``prepare`` meanwhile, the program's own code (Note
+        [hung ranks] in ``_watchdog.py``)."""
+        self.preparing = True
+        try:
+            prepare_fun(data)
+        finally:
+            self.preparing = False
+
+    def on_overdue(self, token: tuple, waited: float) -> bool:
+        """Watchdog thread: a call overstayed; where the job recovers in
+        place under rabit-run, ask it to end the ranks that hold the call
+        (Note [hung ranks] in ``_watchdog.py``) and give the call more time."""
+        if not (self.recovers and self.ulfm and self.size > 1 and
+                self.reporter.folder is not None):
+            return False
+        if self.preparing:
+            return True     # this rank holds the call: the others ask for it to be ended
+        self.reporter.overdue(token[1], token[2], token[0], waited)
+        log.warning("rank %d: call #%d of version %d has waited %.1f s (RABIT_TIMEOUT=%g); "
+                    "asked rabit-run to end the ranks that have not reached it, so that the "
+                    "job replaces them", self.rank, token[2], token[1], waited,
+                    self.config.timeout)
+        return True
 
     def announce(self, tag: int) -> None:
         """Tell every peer that this rank ends the job (``tag``: why)."""

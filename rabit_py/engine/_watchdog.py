@@ -15,6 +15,26 @@ To name the ranks that did not arrive, each rank that stops (timed out, or saw
 the revoke) sends where it is to every peer over a separate control
 communicator, and listens for a short grace period. A peer that sends nothing
 never reached a collective.
+
+# Note [hung ranks]
+A rank stuck in its own code (a deadlock, a read that never returns) holds
+every rank that waits for it in a collective. Where the job replaces lost
+ranks in place (the robust engine under ULFM) and runs under rabit-run (a
+status folder), a call that reaches the collective timeout does not end the
+job at once: the watchdog first writes an ``overdue`` request naming the call
+(Note [status folder]) and gives the call ``overdue_grace`` more seconds.
+rabit-run kills the ranks that are in their own code and behind that call,
+or inside it in its ``prepare_fun`` (the heartbeat's ``prepare`` state; such a
+rank's own watchdog asks nothing and takes the grace too), (rule (f) of Note
+[supervision]); the waiting call then fails as for any
+dead peer (no timeout was declared, so it is a ``PeerFailure``), and the
+job recovers and replays as after a crash: bitwise the same results. If
+nothing ends the call within the grace (no rank to end, one on another
+host, a rank that arrived just then and holds it for another reason), the
+timeout fires as before, with the same message. A replacement that hangs
+at the same place again is ended again, until the engine's crash-loop rule
+(``RABIT_CRASH_LOOP``) ends the job as a bug. Without rabit-run nothing can
+end another process, and the timeout fires at once.
 """
 
 from __future__ import annotations
@@ -51,12 +71,23 @@ class Watchdog:
             seconds (the status report to rabit-run, Note [status folder]),
             so that reporting costs the calls nothing.
         period: seconds between heartbeats.
+        on_overdue: called first, once per call that overstays, with its
+            token and how long it lasted; if it returns True (the ranks that
+            hold the call are being ended: Note [hung ranks]), the call gets
+            ``overdue_grace`` more seconds before ``on_timeout`` fires, and
+            the watchdog goes on if it ends meanwhile.
+        overdue_grace: seconds, see ``on_overdue``.
     """
 
     def __init__(self, timeout: float, on_timeout: Callable[[Any], None],
-                 heartbeat: Optional[Callable[[], None]] = None, period: float = 1.0) -> None:
+                 heartbeat: Optional[Callable[[], None]] = None, period: float = 1.0,
+                 on_overdue: Optional[Callable[[Any, float], bool]] = None,
+                 overdue_grace: float = 10.0) -> None:
         self.timeout = float(timeout)
         self._on_timeout = on_timeout
+        self._on_overdue = on_overdue
+        self._overdue_grace = overdue_grace
+        self._overdue: Optional[Tuple[Any, float]] = None     # the call given the grace
         self._heartbeat = heartbeat
         self._period = period
         self._current: Optional[Tuple[Any, float]] = None
@@ -97,13 +128,18 @@ class Watchdog:
             wait = next_beat - now if self._heartbeat is not None else 3600.0
             current = self._current
             if current is not None and self.timeout > 0:
-                left = current[1] + self.timeout - now
+                graced = current is self._overdue
+                left = current[1] + self.timeout + (self._overdue_grace if graced else 0) - now
                 if left <= 0:
-                    if self._current is current:
-                        self.fired = current[0]
-                        self._on_timeout(current[0])
-                        return
-                    continue
+                    if self._current is not current:
+                        continue
+                    if (not graced and self._on_overdue is not None
+                            and self._on_overdue(current[0], now - current[1])):
+                        self._overdue = current
+                        continue
+                    self.fired = current[0]
+                    self._on_timeout(current[0])
+                    return
                 wait = min(wait, left)
             elif self.timeout > 0:
                 wait = min(wait, self.timeout)

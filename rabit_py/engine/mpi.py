@@ -143,7 +143,8 @@ class MpiEngine(Engine, Transport):
         reports = frame.reporter.folder is not None
         if (config.timeout > 0 or reports) and frame.size > 1:
             frame.watchdog = Watchdog(config.timeout, frame.on_timeout,
-                                      heartbeat=self._beat if reports else None)
+                                      heartbeat=self._beat if reports else None,
+                                      on_overdue=frame.on_overdue if reports else None)
         self._saved_excepthook = self._error_printer = None
         if frame.size > 1:
             self._saved_excepthook, self._error_printer = install_excepthook(
@@ -283,7 +284,7 @@ class MpiEngine(Engine, Transport):
                          allreduce_call(op, data) if self.frame.check else None)
         try:
             if prepare_fun is not None:
-                prepare_fun(data)
+                self.frame.run_prepare(prepare_fun, data)
             reduce()
         finally:
             self.frame.leave()
@@ -385,7 +386,7 @@ class MpiEngine(Engine, Transport):
         frame.enter(Kind.ALLREDUCE, error, True, call)
         try:
             if prepare_fun is not None:
-                prepare_fun(data)
+                self.frame.run_prepare(prepare_fun, data)
             reduce = self._reduce
             if keep and data.nbytes >= reduce.kept_from:
                 kept = reduce.run_kept(data, op, call_id, again)
@@ -729,6 +730,7 @@ class MpiEngine(Engine, Transport):
         repairing, spawning, recoveries, replaced = self.recovery_status()
         state = ("done" if frame.finalized else "spawn" if spawning
                  else "repair" if repairing
+                 else "prepare" if frame.preparing
                  else "call" if frame.watchdog is not None and frame.watchdog.in_call
                  else "user")
         frame.reporter.beat(version, seqno, kind, state, recoveries, replaced,

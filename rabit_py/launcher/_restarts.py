@@ -51,7 +51,7 @@ def run_with_restarts(launch: Launch, max_restarts: int, delay: float,
     failed_time = 0.0
     attempt = 0
     recoveries = replaced = 0
-    frozen: List[str] = []              # ranks ended for being stopped (rule (e))
+    ended: List[str] = []               # ranks ended alone: stopped or hung (rules (e), (f))
     streak = 0          # failed attempts in a row that made no progress
     reasons: List[str] = []
     folder: Optional[str] = None        # the hostfiles without the lost hosts
@@ -61,7 +61,7 @@ def run_with_restarts(launch: Launch, max_restarts: int, delay: float,
             outcome = _run(launch, {**env, "RABIT_RESTART_COUNT": str(attempt)})
             recoveries += outcome.recoveries
             replaced += outcome.replaced
-            frozen += outcome.frozen
+            ended += outcome.ended
             code = outcome.code
             if outcome.interrupted:
                 name = {2: "Ctrl-C", 15: "SIGTERM"}.get(code - 128, f"signal {code - 128}")
@@ -107,7 +107,7 @@ def run_with_restarts(launch: Launch, max_restarts: int, delay: float,
             shutil.rmtree(folder, ignore_errors=True)
     if attempt or recoveries:
         why = "".join(f"\n  restart {i + 1}: {r}" for i, r in enumerate(reasons[:attempt]))
-        why += "".join(f"\n  frozen: {f}" for f in frozen)
+        why += "".join(f"\n  {e}" for e in ended)
         print(f"rabit-run: {_count(attempt + 1, 'attempt', 'attempts')}, "
               f"{time.monotonic() - start:.1f} s in all, {failed_time:.1f} s in failed "
               f"attempts; {_count(recoveries, 'in-job recovery', 'in-job recoveries')} "

@@ -32,7 +32,16 @@ And it ends one rank, not the job, when
     killed it is a dead rank, which the job replaces in place (bitwise, no
     restart). A process that a debugger holds (tracing stop) is left alone.
     A replacement that freezes again and again is ended each time until the
-    engine's crash-loop rule (``RABIT_CRASH_LOOP``) ends the job as a bug.
+    engine's crash-loop rule (``RABIT_CRASH_LOOP``) ends the job as a bug;
+(f) a rank waited in a collective past the collective timeout and asked for
+    the ranks that hold it to be ended (Note [hung ranks] in
+    ``engine/_watchdog.py``): each rank of this host that is in its own code
+    and behind that call (its last call comes before it, or it runs that
+    call's ``prepare_fun``) is killed, and the
+    job replaces it in place as in (e). A request is acted on once, and only
+    while fresh (``OVERDUE_FRESH_S``); a rank on another host is named, not
+    ended (rabit-run cannot signal it there), and the waiting ranks then time
+    out as before.
 
 # Note [stuck spawn]
 ``MPI_Comm_spawn`` and the merge after it are not fault tolerant in Open MPI
@@ -106,10 +115,12 @@ DEAD_RANKS_S = 1.0        # every rank dead, other processes left: time before e
 BEAT_STALE_S = 10.0       # a heartbeat unchanged this long: that rank is gone
 SPAWN_DEATH_S = 2.0       # Note [stuck spawn]: a death during a spawn, this long
 FROZEN_S = 2.0            # rule (e): a rank stopped this long while others wait: killed
+OVERDUE_FRESH_S = 5.0     # rule (f): a rank's request to end the ranks it waits for, this new
 STALL_FACTOR = 10.0
 STALL_FLOOR_S = 60.0
 STALL_CEILING_S = 900.0
 LAUNCH_FAILED = 213       # PRRTE: the job could not be started
+COMPUTING = ("user", "prepare", "done")     # states outside rabit_py's waits
 
 
 @dataclasses.dataclass
@@ -125,7 +136,8 @@ class Outcome:
     started: bool = False            # whether any rank started
     recoveries: int = 0              # in-job recoveries the ranks reported
     replaced: int = 0                # processes that replaced a dead rank in the job
-    frozen: List[str] = dataclasses.field(default_factory=list)  # rule (e): what was done
+    #: rules (e) and (f): the ranks ended alone, as "frozen: ..." / "hung: ..."
+    ended: List[str] = dataclasses.field(default_factory=list)
     progressed: bool = False         # whether the ranks got further than they started
 
 
@@ -290,7 +302,7 @@ class Attempt:
         everyone = clean >= self.ranks or (job_done(self.status_dir) and not failed)
         outcome = Outcome(code, started=any(r.started for r in ranks.values()),
                           recoveries=watch.recoveries, replaced=watch.replaced,
-                          progressed=watch.longest_gap > 0, frozen=list(watch.frozen))
+                          progressed=watch.longest_gap > 0, ended=list(watch.ended))
         all_clean = everyone and not fatal
         if all_clean and (code == 0 or code > 128 or stopped is not None):
             if code > 128 and stopped is None:
@@ -422,7 +434,9 @@ class _Watch:
         self.recoveries = 0
         self.replaced = 0
         self.frozen_since: Dict[int, float] = {}     # rule (e): pid -> stopped since
-        self.frozen: List[str] = []                  # rule (e): what was done, for the summary
+        self.ended: List[str] = []                   # rules (e), (f): what was done, for the summary
+        self.overdue_seen: Set[Tuple[str, float]] = set()   # rule (f): the requests acted on
+        self.hung_killed: Set[int] = set()          # rule (f): the processes killed
 
     def count(self, ranks: Dict[str, Report]) -> None:
         """Take the in-job recovery counters (and PIDs) from the ranks' beats."""
@@ -487,6 +501,8 @@ class _Watch:
                 return stuck
         # (e) a rank stopped while the others wait for it: end it alone.
         self._end_frozen(now, alive)
+        # (f) a rank that the others waited for past the collective timeout.
+        self._end_hung(alive)
         # (b) a stall: no progress while every living rank waits inside rabit_py.
         positions = {n: r.position for n, r in ranks.items() if r.position is not None}
         if positions != self.positions:
@@ -496,7 +512,7 @@ class _Watch:
             return None
         if self.progress_at is None or not alive:
             return None
-        if any(r.state in ("user", "done") and not self._frozen(r) for r in alive.values()):
+        if any(r.state in COMPUTING and not self._frozen(r) for r in alive.values()):
             self.progress_at = now          # the program computes: not our wedge
             return None
         stalled = now - self.progress_at
@@ -528,7 +544,7 @@ class _Watch:
         for pid in list(self.frozen_since):
             if pid not in stopped:
                 del self.frozen_since[pid]          # continued (or gone)
-        waiting = any(r.state not in ("user", "done") for n, r in alive.items()
+        waiting = any(r.state not in COMPUTING for n, r in alive.items()
                       if n not in stopped.values())
         for pid, name in stopped.items():
             since = self.frozen_since.setdefault(pid, now)
@@ -543,8 +559,53 @@ class _Watch:
             what = (f"rank {rank} (pid {pid}) was stopped (SIGSTOP) for {now - since:.1f} s "
                     f"while the other ranks waited for it in rabit_py; killed it, so that "
                     f"the job replaces it in place")
-            self.frozen.append(what)
+            self.ended.append(f"frozen: {what}")
             self.attempt._say(f"rabit-run: {what}")
+
+    def _end_hung(self, alive: Dict[str, Report]) -> None:
+        """Rule (f) of Note [supervision] (Note [hung ranks] in
+        ``engine/_watchdog.py``): ranks asked to end the ranks that hold their
+        call past the collective timeout; SIGKILL those in their own code and
+        behind that call (on this host), as rule (e) does."""
+        waiting: Dict[Tuple[int, int], List[Tuple[str, float]]] = {}
+        for name, report in alive.items():
+            request = report.overdue
+            if request is None or (name, request[4]) in self.overdue_seen:
+                continue
+            self.overdue_seen.add((name, request[4]))
+            if time.time() - request[4] <= OVERDUE_FRESH_S:   # else: a call that ended since
+                waiting.setdefault(request[:2], []).append((name.split("-", 1)[1], request[3]))
+        for (version, seqno), waiters in sorted(waiting.items()):
+            for other, r in sorted(alive.items()):
+                beat = r.beat
+                # Behind the call: in the program's code after an earlier
+                # call, or in the call's own prepare_fun.
+                if beat is None or beat[5] in self.hung_killed or not (
+                        (r.state == "user" and (beat[1], beat[2]) < (version, seqno)) or
+                        (r.state == "prepare" and (beat[1], beat[2]) == (version, seqno))):
+                    continue
+                rank, pid, host = other.split("-", 1)[1], beat[5], beat[6]
+                who = ", ".join(w for w, _ in sorted(waiters, key=lambda w: int(w[0])))
+                place = (f"in its own code after call #{beat[2]} of version {beat[1]}"
+                         if r.state == "user" else "in the prepare_fun of that call")
+                where = (f"was {place} while "
+                         f"rank(s) {who} waited {max(t for _, t in waiters):.1f} s for it in "
+                         f"call #{seqno} of version {version}, past the collective timeout")
+                if host != self.attempt._host:
+                    self.attempt._say(
+                        f"rabit-run: rank {rank} (pid {pid} on host {host}) {where}; it runs "
+                        f"on another host, where rabit-run cannot end it: the waiting ranks "
+                        f"end with CollectiveTimeoutError")
+                    continue
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
+                self.hung_killed.add(pid)
+                what = f"rank {rank} (pid {pid}) {where}; killed it, so that the job " \
+                       f"replaces it in place"
+                self.ended.append(f"hung: {what}")
+                self.attempt._say(f"rabit-run: {what}")
 
     @staticmethod
     def _stuck_spawn(ranks: Dict[str, Report], alive: Dict[str, Report]) -> Optional[str]:

@@ -202,6 +202,54 @@ def test_a_rank_stopped_from_outside_is_replaced_in_the_job(reference):
     assert_recovered(out, parse(out, "START"), parse(out, "RESULT"), reference, {2})
 
 
+def test_a_rank_hung_in_its_own_code_is_replaced_in_the_job(reference):
+    # Issue 32: a rank stuck in its own code (here: asleep for an hour in round
+    # 1, between calls 1 and 2) made every waiting rank raise
+    # CollectiveTimeoutError and the job end. Now the waiting ranks ask
+    # rabit-run, at the collective timeout, to end the ranks behind their call
+    # (Note [hung ranks]); it kills the hung one and the job replaces it in
+    # place: the models of the failure-free run, no restart, no timeout error.
+    code, out, starts, results = run_job({"RABIT_ENGINE": "robust", "RABIT_TIMEOUT": "4"},
+                                         "--hang", "2,1")
+    assert code == 0, out[-6000:]
+    hung = re.search(r"^HANG 2 (\d+)$", out, re.M)
+    assert hung, out[-6000:]
+    assert re.search(rf"rabit-run: rank 2 \(pid {hung[1]}\) was in its own code after call #1 "
+                     rf"of version 1 while rank\(s\) [013, ]+ waited \d+\.\d s for it in call "
+                     rf"#2 of version 1, past the collective timeout; killed it, so that the "
+                     rf"job replaces it in place", out), out[-6000:]
+    assert "did not complete within" not in out and "restart 1 of" not in out, out[-6000:]
+    assert "1 in-job recovery (1 process replaced)" in out and "\n  hung: rank 2" in out
+    assert_recovered(out, starts, results, reference, {2})
+
+
+def test_a_late_rank_under_plain_mpirun_is_still_a_timeout_naming_it():
+    # Without rabit-run nothing can end another process (Note [hung ranks]):
+    # the robust engine's waiting ranks raise CollectiveTimeoutError at the
+    # timeout, naming the rank that did not arrive.
+    program = ("import time, numpy as np, rabit_py as r\n"
+               "r.init(engine='robust', timeout=2)\n"
+               "r.allreduce(np.zeros(2), r.Op.SUM)\n"
+               "if r.get_rank() == 1:\n"
+               "    time.sleep(30)\n"
+               "try:\n"
+               "    r.allreduce(np.zeros(2), r.Op.SUM)\n"
+               "except r.CollectiveTimeoutError as exc:\n"
+               "    print('TIMEOUT', r.get_rank(), exc, flush=True)\n"
+               "    raise SystemExit(5)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RABIT_")}
+    mpirun = [find_mpirun(), "-n", "2", "--oversubscribe", "--with-ft", "ulfm"]
+    if os.geteuid() == 0:
+        mpirun.append("--allow-run-as-root")
+    start = time.monotonic()
+    code, out = run(mpirun + [sys.executable, "-c", program], timeout=120, env=env,
+                    clear_env=True)
+    assert code != 0, out
+    assert re.search(r"TIMEOUT 0 rank 0: allreduce #1 \(version 0\) did not complete within "
+                     r"2 s.*Rank\(s\) 1 did not arrive", out), out[-4000:]
+    assert "rabit-run" not in out and time.monotonic() - start < 60, out[-4000:]
+
+
 def test_robust_engine_refuses_a_job_without_fault_tolerance():
     code, out = run([sys.executable, "-c", "import rabit_py as r; r.init(engine='robust')"],
                     timeout=60)

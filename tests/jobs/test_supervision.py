@@ -172,20 +172,18 @@ def test_the_earliest_report_decides_the_verdict(tmp_path, capsys, bug_first):
         assert "bug" not in err and "Unpickling" not in err, err
 
 def test_a_wedged_job_is_ended_and_restarted(tmp_path):
-    # Rank 1 hangs inside an allreduce (its prepare_fun never returns), so
-    # every living rank waits inside rabit_py and nothing moves: a wedge the
-    # collective timeout (600 s here) would end only after ten minutes.
-    # rabit-run ends it after the stall timeout and restarts it; the
-    # restarted job finishes.
+    # Rank 1 hangs inside rabit_py (its engine's reduction, replaced here by a
+    # sleep, stands for MPI waiting for good), so every living rank waits
+    # inside rabit_py and nothing moves: a wedge the collective timeout (600 s
+    # here) would end only after ten minutes. rabit-run ends it after the
+    # stall timeout and restarts it; the restarted job finishes.
     program = ("import os, time, numpy as np, rabit_py as r\n"
                "r.init()\n"
                "version, model = r.load_checkpoint()\n"
                "first = os.environ['RABIT_RESTART_COUNT'] == '0'\n"
-               "def hang(buf):\n"
-               "    buf[:] = 1.0\n"
-               "    if first and r.get_rank() == 1:\n"
-               "        time.sleep(3600)\n"
-               "x = r.allreduce(np.empty(2), r.Op.SUM, prepare_fun=hang)\n"
+               "if first and r.get_rank() == 1:\n"
+               "    r.api._engine._reduce.run = lambda *args, **kwargs: time.sleep(3600)\n"
+               "x = r.allreduce(np.ones(2), r.Op.SUM)\n"
                "print('SUM', x.tolist(), flush=True)\n"
                "r.finalize()\n")
     cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", "2", "--max-restarts", "1",
@@ -220,6 +218,50 @@ def test_a_rank_stopped_inside_a_call_is_killed_and_replaced_in_the_job():
     assert out.count("SUM [2.0, 2.0]") == 2, out
     assert "a wedge" not in out and "restart 1 of" not in out, out
     assert "1 in-job recovery (1 process replaced)" in out and "\n  frozen: rank 1" in out, out
+
+def test_a_rank_hung_in_its_prepare_fun_is_killed_and_replaced_in_the_job():
+    # Rule (f) of Note [supervision]: a prepare_fun is the program's own code
+    # (heartbeat state "prepare"); rank 1's first process never returns from
+    # it, rank 0 waits past the collective timeout, and rabit-run kills rank 1
+    # for the job to replace it in place. The replacement is served the
+    # result and does not run the prepare_fun again.
+    program = ("import os, time, numpy as np, rabit_py as r\n"
+               "r.init()\n"
+               "version, model = r.load_checkpoint()\n"
+               "def hang(buf):\n"
+               "    buf[:] = 1.0\n"
+               "    if r.get_rank() == 1 and r.engine_info().trial == 0:\n"
+               "        time.sleep(3600)\n"
+               "x = r.allreduce(np.empty(2), r.Op.SUM, prepare_fun=hang)\n"
+               "print('SUM', x.tolist(), flush=True)\n"
+               "r.finalize()\n")
+    cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", "2", "--max-restarts", "1",
+           "--restart-delay", "0", "--", sys.executable, "-c", program]
+    code, out = run(cmd, timeout=120, env={"RABIT_TIMEOUT": "3"})
+    assert code == 0, out
+    assert re.search(r"rabit-run: rank 1 \(pid \d+\) was in the prepare_fun of that call while "
+                     r"rank\(s\) 0 waited \d+\.\d s for it in call #0 of version 0, past the "
+                     r"collective timeout; killed it", out), out
+    assert out.count("SUM [2.0, 2.0]") == 2, out
+    assert "a wedge" not in out and "restart 1 of" not in out, out
+    assert "1 in-job recovery (1 process replaced)" in out and "\n  hung: rank 1" in out, out
+
+
+def test_a_rank_that_hangs_again_after_each_replacement_is_a_bug():
+    # Note [hung ranks]: rabit-run ends the hung rank (rule (f)) and each
+    # replacement, which hangs at the same place, until the engine's
+    # crash-loop rule ends the job as a bug: no restart, no endless loop.
+    cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", "2", "--max-restarts", "1",
+           "--restart-delay", "0", "--", *PROGRAM, "--hang", "1,1", "--hang-always"]
+    code, out = run(cmd, timeout=150, env={"RABIT_ENGINE": "robust", "RABIT_TIMEOUT": "2",
+                                           "RABIT_CRASH_LOOP": "2"})
+    assert code != 0, out[-6000:]
+    assert "rank 1 died 2 times in a row right after being replaced" in out, out[-6000:]
+    assert "ends, crashes or hangs there" in out and "not restarting it" in out, out[-6000:]
+    assert "restart 1 of" not in out, out[-6000:]
+    assert out.count("\n  hung: rank 1 (pid ") == 3, out[-6000:]
+    assert out.count("HANG 1 ") == 3, out[-6000:]
+
 
 def failure_free_then_restarted(tmp_path, env, *args):
     """The failure-free run's RESULTs by rank, then the exit status and output

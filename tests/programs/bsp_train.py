@@ -39,7 +39,13 @@ def main() -> int:
     parser.add_argument("--slow-replacement", type=float, default=0.0,
                         help="seconds a process spawned by a repair sleeps before init() (its "
                              "MPI world is the spawn's: smaller than the job's)")
+    parser.add_argument("--hang", default="",
+                        help="RANK,ROUND: that rank's first process hangs in its own code "
+                             "(sleeps for an hour) in that round, between calls 1 and 2")
+    parser.add_argument("--hang-always", action="store_true",
+                        help="with --hang: its replacements hang there too")
     args = parser.parse_args()
+    hang_rank, hang_round = map(int, args.hang.split(",")) if args.hang else (-1, -1)
 
     # A spare is one of the last RABIT_SPARES processes of the MPI job.
     spares = int(os.environ.get("RABIT_SPARES", "0") or 0)
@@ -72,6 +78,9 @@ def main() -> int:
             grad = np.empty(config["dim"])
             rabit.allreduce(grad, rabit.Op.SUM, prepare_fun=prepare)              # seqno 0
             best = rabit.allreduce(np.array([(rank + 1) * (it + 3) % 7]), rabit.Op.MAX)  # 1
+            if rank == hang_rank and it == hang_round and (trial == 0 or args.hang_always):
+                print(f"HANG {rank} {os.getpid()}", flush=True)
+                time.sleep(3600)
             root = it % size
             lr = rabit.broadcast(config["scale"] / (1 + it) if rank == root else None, root)  # 2
             shape = (rank % 3 + 1, 2 if not (it == args.mismatch_at and rank == 1) else 3)

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from rabit_py._status import Reporter, read_reports
 from rabit_py.engine import _broadcast as bc
 from rabit_py.engine._lifecycle import is_restartable, is_secondary
 from rabit_py.engine._signature import Kind
@@ -144,6 +145,47 @@ def test_the_watchdog_does_not_fire_for_calls_that_end_in_time():
         assert fired == [] and dog.fired is None
     finally:
         dog.stop()
+
+
+def test_an_overdue_call_given_a_grace_is_left_alone_if_it_ends_meanwhile():
+    # Note [hung ranks]: asked once per call; the call then has the grace,
+    # and when it ends within it (the hung rank was ended) nothing fires and
+    # the next call is watched again.
+    fired, asked = [], []
+    dog = Watchdog(0.2, fired.append, on_overdue=lambda token, waited: asked.append(
+        (token, round(waited, 1))) or True, overdue_grace=0.6)
+    try:
+        dog.enter("first")
+        time.sleep(0.5)
+        assert asked == [("first", 0.2)] and fired == []
+        dog.leave()
+        time.sleep(0.5)
+        assert fired == [] and dog.fired is None
+        dog.enter("second")
+        time.sleep(1.2)             # past the timeout and the grace: fires
+        assert [t for t, _ in asked] == ["first", "second"] and fired == ["second"]
+    finally:
+        dog.stop()
+
+
+def test_an_overdue_call_not_given_a_grace_fires_at_once():
+    fired, asked = [], []
+    dog = Watchdog(0.2, fired.append, on_overdue=lambda token, waited: asked.append(token)
+                   and False, overdue_grace=5)
+    try:
+        dog.enter("call")
+        time.sleep(0.5)
+        assert asked == ["call"] and fired == ["call"] and dog.fired == "call"
+    finally:
+        dog.stop()
+
+
+def test_an_overdue_request_is_read_back_by_rabit_run(tmp_path):
+    reporter = Reporter(str(tmp_path), "rank-1")
+    assert reporter.overdue(3, 7, 1, 45.25)
+    assert not Reporter(None, "rank-1").overdue(3, 7, 1, 45.25)     # no folder: not asked
+    request = read_reports(str(tmp_path))["rank-1"].overdue
+    assert request[:4] == (3, 7, 1, 45.25) and abs(request[4] - time.time()) < 60
 
 
 def test_the_heartbeat_runs_outside_calls_and_a_failing_one_does_not_stop_it():

@@ -216,10 +216,11 @@ class Recovery:
                     f"rank {rank} died {deaths} times in a row right after being replaced, "
                     f"each time before it caught up with the other ranks "
                     f"(RABIT_CRASH_LOOP={limit}). A fault does not repeat like that: the "
-                    f"program itself ends or crashes there (os._exit, sys.exit or a signal in "
-                    f"its start-up or in the calls since the last checkpoint), and every "
-                    f"replacement repeats it. Ending the job; fix the program (a restart "
-                    f"would repeat it too).", restartable=False)
+                    f"program itself ends, crashes or hangs there (os._exit, sys.exit, a "
+                    f"signal, or a hang that rabit-run ended, in its start-up or in the calls "
+                    f"since the last checkpoint), and every replacement repeats it. Ending the "
+                    f"job; fix the program (a restart would repeat it too)",
+                    restartable=False)
         return None
 
     def _check_dead(self, shrunk: "MPI.Intracomm", dead: List[int], has_version: bool,
