@@ -2,7 +2,8 @@
 
     sudo "$(command -v python)" scripts/cluster_demo.py
         [--hosts 3] [--slots 2] [--ranks 4] [--rounds 8] [--bench]
-        [--scenario all|clean|kill-rank|kill-twice|kill-host|freeze-host] [--json out.json]
+        [--scenario all|clean|kill-rank|kill-twice|kill-host|freeze-host|stop-rank|hang-rank]
+        [--json out.json]
 
 (``sudo "$(command -v python)"`` runs the virtualenv's Python as root; a bare
 ``sudo python`` would run the system's, without rabit_py.)
@@ -33,7 +34,14 @@ alone (no namespaces):
   the hosts must have slots enough without it (3 hosts of 2 slots, 4 ranks);
 - ``freeze-host``: the second host's network cut and its processes stopped;
   the job must not hang: the collective timeout ends the attempt, and the
-  restart leaves the host out.
+  restart leaves the host out;
+- ``stop-rank``: the last rank (on the second host) stopped with SIGSTOP;
+  its heartbeats stop, and rabit-run ends it through the launch agent (rule
+  (e) of Note [supervision]): replaced in the job;
+- ``hang-rank``: the last rank's first process hangs in its own code
+  (``bsp_train.py --hang``); at the collective timeout (5 s here) the
+  waiting ranks ask rabit-run to end it (Note [hung ranks]), which it does
+  through the launch agent: replaced in the job.
 
 ``--bench`` times an allreduce across the hosts instead, side by side: MPI
 with HAN off (what rabit-run uses on several hosts), MPI with HAN on (the
@@ -307,13 +315,17 @@ def run_scenario(hosts: Hosts, name: str, ranks: int, rounds: int,
     env = dict(JOB_ENV)
     program = [*PROGRAM, "--rounds", str(rounds), "--sleep", "0.5"]
     last = hosts.names[1]
-    if name in ("kill-host", "kill-rank", "kill-twice", "freeze-host"):
+    if name in ("kill-host", "kill-rank", "kill-twice", "freeze-host", "stop-rank",
+                "hang-rank"):
         options = ["--max-restarts", "2", "--restart-delay", "0.5",
                    "--checkpoint-dir", str(hosts.shared / "ckpt")]
     if name == "freeze-host":
         env["RABIT_TIMEOUT"] = "10"
     if name == "kill-twice":
         env["RABIT_RECOVERY_TIMEOUT"] = "15"
+    if name == "hang-rank":
+        env["RABIT_TIMEOUT"] = "5"
+        program += ["--hang", f"{ranks - 1},2"]
     lines: List[str] = []
     pids: Dict[int, int] = {}
     done = threading.Event()
@@ -348,6 +360,11 @@ def run_scenario(hosts: Hosts, name: str, ranks: int, rounds: int,
                 hosts.cut(last)
                 hosts.signal_host(last, signal.SIGSTOP)
                 lines.append(f"cluster_demo: froze host {last}\n")
+            elif name == "stop-rank":
+                victim = pids.get(ranks - 1)
+                if victim is not None:
+                    os.kill(victim, signal.SIGSTOP)
+                    lines.append(f"cluster_demo: stopped rank {ranks - 1} (pid {victim})\n")
 
     cmd = hosts.rabit_run(ranks, program, *options)
     start = time.monotonic()
@@ -425,7 +442,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--scenario", default="all",
                         choices=["all", "clean", "kill-rank", "kill-twice", "kill-host",
-                                 "freeze-host"])
+                                 "freeze-host", "stop-rank", "hang-rank"])
     parser.add_argument("--bench", action="store_true",
                         help="time allreduce across the hosts: HAN off (the default), HAN on, "
                              "rabit_py's shared-memory groups; print a table and write --json")
@@ -448,7 +465,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ranks = args.ranks
     ref, ref_seconds = reference(ranks, args.rounds)
     print(f"cluster_demo: reference on this machine alone: {ref_seconds:.1f} s")
-    names = (["clean", "kill-rank", "kill-twice", "kill-host", "freeze-host"]
+    names = (["clean", "kill-rank", "kill-twice", "kill-host", "freeze-host", "stop-rank",
+              "hang-rank"]
              if args.scenario == "all"
              else [args.scenario])
     records = []

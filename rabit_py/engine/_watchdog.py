@@ -25,14 +25,15 @@ job at once: the watchdog first writes an ``overdue`` request naming the call
 (Note [status folder]) and gives the call ``overdue_grace`` more seconds.
 rabit-run kills the ranks that are in their own code and behind that call,
 or inside it in its ``prepare_fun`` (the heartbeat's ``prepare`` state; such a
-rank's own watchdog asks nothing and takes the grace too), (rule (f) of Note
-[supervision]); the waiting call then fails as for any
-dead peer (no timeout was declared, so it is a ``PeerFailure``), and the
-job recovers and replays as after a crash: bitwise the same results. If
-nothing ends the call within the grace (no rank to end, one on another
-host, a rank that arrived just then and holds it for another reason), the
-timeout fires as before, with the same message. A replacement that hangs
-at the same place again is ended again, until the engine's crash-loop rule
+rank's own watchdog asks nothing and takes the grace too): rule (f) of Note
+[supervision], on other hosts through the launch agent. The waiting call
+then fails as for any dead peer (no timeout was declared, so it is a
+``PeerFailure``), and the job recovers and replays as after a crash:
+bitwise the same results. If nothing ends the call within the grace (no
+rank to end, a host that does not answer the launch agent, a rank that
+arrived just then and holds the call for another reason), the timeout
+fires as before, with the same message. A replacement that hangs at the
+same place again is ended again, until the engine's crash-loop rule
 (``RABIT_CRASH_LOOP``) ends the job as a bug. Without rabit-run nothing can
 end another process, and the timeout fires at once.
 """

@@ -37,16 +37,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..cli import HelpFormatter
 
-__all__ = ["find_mpirun", "split_args", "make_parser", "build_command", "on_one_node", "Launch"]
+__all__ = ["find_mpirun", "split_args", "make_parser", "build_command", "on_one_node", "Launch",
+           "launch_agent"]
 
 
 def find_mpirun(explicit: Optional[str] = None) -> str:
@@ -274,6 +276,27 @@ def build_command(argv: Sequence[str], is_root: Optional[bool] = None,
 # anyway): MPI_Init of a job's ranks 21-25 ms before, 11.5-15 ms with it
 # (2 ranks, three runs each); a spawned replacement's start did not change
 # measurably (bench_recovery.py, spawn phase 0.146 s before, 0.149 after).
+
+
+def launch_agent(cmd: Sequence[str], env: Dict[str, str]) -> List[str]:
+    """The command that Open MPI's rsh launcher runs to reach another host
+    (``AGENT HOST COMMAND``): ``--mca plm_rsh_agent`` (or ``--prtemca``) in
+    the mpirun command ``cmd``, else ``OMPI_MCA_plm_rsh_agent`` /
+    ``PRTE_MCA_plm_rsh_agent`` in ``env``, else ``ssh`` (PRRTE's default,
+    ``ssh : rsh``, takes the first that exists). rabit-run ends a rank on
+    another host through it, as PRRTE reaches that host (Note [hung ranks]
+    in ``engine/_watchdog.py``)."""
+    value = None
+    for i, word in enumerate(cmd[:-2]):
+        if word in ("--mca", "-mca", "--prtemca", "--omca") and cmd[i + 1] == "plm_rsh_agent":
+            value = cmd[i + 2]
+    if value is None:
+        value = env.get("PRTE_MCA_plm_rsh_agent") or env.get("OMPI_MCA_plm_rsh_agent")
+    for choice in (value or "ssh : rsh").split(":"):
+        words = shlex.split(choice)
+        if words and (os.path.isabs(words[0]) or shutil.which(words[0])):
+            return words
+    return ["ssh"]
 
 
 def on_one_node(passthrough: Sequence[str]) -> bool:

@@ -31,6 +31,15 @@ And it ends one rank, not the job, when
     another rank waits inside rabit_py: a frozen rank holds everyone, and
     killed it is a dead rank, which the job replaces in place (bitwise, no
     restart). A process that a debugger holds (tracing stop) is left alone.
+    On another host, where rabit-run cannot read a process's state, a rank
+    whose heartbeats stopped for ``SILENT_S`` while a rank that still beats
+    waits inside rabit_py is ended the same way, through the launch agent
+    that PRRTE reaches that host with (``plm_rsh_agent``, ssh by default;
+    ``Attempt.end_process``). The watchdog thread beats every second
+    whatever the program computes, so silence means a stopped process, one
+    where Python no longer runs (a C call holding the interpreter's lock for
+    that long would be taken for one), or a host that does not answer (then
+    the agent fails, which is said, and PRRTE's loss of the host decides).
     A replacement that freezes again and again is ended each time until the
     engine's crash-loop rule (``RABIT_CRASH_LOOP``) ends the job as a bug;
 (f) a rank waited in a collective past the collective timeout and asked for
@@ -39,9 +48,8 @@ And it ends one rank, not the job, when
     and behind that call (its last call comes before it, or it runs that
     call's ``prepare_fun``) is killed, and the
     job replaces it in place as in (e). A request is acted on once, and only
-    while fresh (``OVERDUE_FRESH_S``); a rank on another host is named, not
-    ended (rabit-run cannot signal it there), and the waiting ranks then time
-    out as before.
+    while fresh (``OVERDUE_FRESH_S``); a rank on another host is ended
+    through the launch agent, as in (e).
 
 # Note [stuck spawn]
 ``MPI_Comm_spawn`` and the merge after it are not fault tolerant in Open MPI
@@ -100,6 +108,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Set, Tuple
 
+from ._command import launch_agent
 from ._output import BannerFilter, pump
 from ._processes import descendants, forwarded, is_stopped, kill_tree, start_time
 from .._status import (ABORT, BUG, SETUP, STATUS_DIR_VARIABLE, Report, job_done,
@@ -116,6 +125,8 @@ BEAT_STALE_S = 10.0       # a heartbeat unchanged this long: that rank is gone
 SPAWN_DEATH_S = 2.0       # Note [stuck spawn]: a death during a spawn, this long
 FROZEN_S = 2.0            # rule (e): a rank stopped this long while others wait: killed
 OVERDUE_FRESH_S = 5.0     # rule (f): a rank's request to end the ranks it waits for, this new
+SILENT_S = 5.0            # rule (e): a rank on another host without heartbeats this long: ended
+REMOTE_KILL_S = 20.0      # the launch agent's time to end a process on another host
 STALL_FACTOR = 10.0
 STALL_FLOOR_S = 60.0
 STALL_CEILING_S = 900.0
@@ -354,6 +365,36 @@ class Attempt:
             self._said.add(text)
             print(text, file=sys.stderr, flush=True)
 
+    def end_process(self, rank: str, pid: int, host: str) -> Optional[str]:
+        """SIGKILL rank ``rank``'s process ``pid`` on ``host``: on this host at
+        once, on another through the launch agent that PRRTE uses to reach
+        it, in the background (a host that does not answer must not hold the
+        supervision; a failure is said). Returns what was done, or None if the
+        process is gone already."""
+        if host == self._host:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return None
+            return "killed it"
+        agent = launch_agent(self.cmd, self.env)
+        threading.Thread(target=self._end_remote, args=(agent, rank, pid, host),
+                         daemon=True).start()
+        return f"killed it on host {host} through the launch agent ({agent[0]})"
+
+    def _end_remote(self, agent: List[str], rank: str, pid: int, host: str) -> None:
+        try:
+            done = subprocess.run([*agent, host, f"kill -KILL {pid}"], env=self.env,
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=REMOTE_KILL_S, start_new_session=True)
+            failed = (f"exit status {done.returncode}: {done.stderr.strip()[-300:]}"
+                      if done.returncode else None)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            failed = str(exc)
+        if failed is not None:
+            self._say(f"rabit-run: could not end rank {rank} (pid {pid}) on host {host} "
+                      f"through the launch agent {' '.join(agent)}: {failed}")
+
     def _clean_up(self) -> None:
         """Remove the attempt's folders, and segments of rabit_py's own
         shared-memory path left by processes killed while making one."""
@@ -437,6 +478,7 @@ class _Watch:
         self.ended: List[str] = []                   # rules (e), (f): what was done, for the summary
         self.overdue_seen: Set[Tuple[str, float]] = set()   # rule (f): the requests acted on
         self.hung_killed: Set[int] = set()          # rule (f): the processes killed
+        self.silenced: Set[Tuple[str, int]] = set()  # rule (e), other hosts: (name, last beat)
 
     def count(self, ranks: Dict[str, Report]) -> None:
         """Take the in-job recovery counters (and PIDs) from the ranks' beats."""
@@ -561,6 +603,39 @@ class _Watch:
                     f"the job replaces it in place")
             self.ended.append(f"frozen: {what}")
             self.attempt._say(f"rabit-run: {what}")
+        self._end_silent(now, alive)
+
+    def _end_silent(self, now: float, alive: Dict[str, Report]) -> None:
+        """Rule (e) for a rank on another host, whose process state cannot be
+        read from here: its heartbeats stopped for ``SILENT_S`` (the
+        watchdog thread beats every second whatever the program does, so a
+        stopped process, or one stuck without Python running) while a rank
+        that still beats waits inside rabit_py: ended through the launch
+        agent."""
+        silent = {}
+        for name, report in alive.items():
+            beat, last = report.beat, self.beats.get(name)
+            if beat is not None and beat[6] != self.attempt._host and last is not None \
+                    and now - last[1] >= SILENT_S:
+                silent[name] = now - last[1]
+        waiting = any(r.state not in COMPUTING for n, r in alive.items() if n not in silent)
+        if not waiting:
+            return
+        for name, quiet in sorted(silent.items()):
+            beat = alive[name].beat
+            if (name, beat[0]) in self.silenced:
+                continue
+            self.silenced.add((name, beat[0]))
+            rank, pid, host = name.split("-", 1)[1], beat[5], beat[6]
+            how = self.attempt.end_process(rank, pid, host)
+            if how is None:
+                continue
+            what = (f"rank {rank} (pid {pid} on host {host}) sent no heartbeat for {quiet:.1f} s "
+                    f"while the other ranks waited for it in rabit_py (a stopped process, or "
+                    f"one where Python no longer runs); {how}, so that the job replaces it "
+                    f"in place")
+            self.ended.append(f"frozen: {what}")
+            self.attempt._say(f"rabit-run: {what}")
 
     def _end_hung(self, alive: Dict[str, Report]) -> None:
         """Rule (f) of Note [supervision] (Note [hung ranks] in
@@ -591,18 +666,12 @@ class _Watch:
                 where = (f"was {place} while "
                          f"rank(s) {who} waited {max(t for _, t in waiters):.1f} s for it in "
                          f"call #{seqno} of version {version}, past the collective timeout")
-                if host != self.attempt._host:
-                    self.attempt._say(
-                        f"rabit-run: rank {rank} (pid {pid} on host {host}) {where}; it runs "
-                        f"on another host, where rabit-run cannot end it: the waiting ranks "
-                        f"end with CollectiveTimeoutError")
-                    continue
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
+                how = self.attempt.end_process(rank, pid, host)
+                if how is None:
                     continue
                 self.hung_killed.add(pid)
-                what = f"rank {rank} (pid {pid}) {where}; killed it, so that the job " \
+                on = "" if host == self.attempt._host else f" on host {host}"
+                what = f"rank {rank} (pid {pid}{on}) {where}; {how}, so that the job " \
                        f"replaces it in place"
                 self.ended.append(f"hung: {what}")
                 self.attempt._say(f"rabit-run: {what}")

@@ -4,6 +4,7 @@ where network namespaces can be made (root), a job across namespace hosts
 free, a rank killed, two ranks killed one after the other, a whole host
 killed, a frozen host."""
 
+import re
 import sys
 
 import pytest
@@ -69,7 +70,7 @@ needs_hosts = pytest.mark.skipif(not CAN_MAKE_HOSTS, reason=f"namespace hosts: {
 
 @needs_hosts
 @pytest.mark.parametrize("scenario", ["clean", "kill-rank", "kill-twice", "kill-host",
-                                      "freeze-host"])
+                                      "freeze-host", "stop-rank", "hang-rank"])
 def test_a_job_across_namespace_hosts_gives_the_one_machine_bits(reference, scenario):
     # 3 hosts of 2 slots, 4 ranks on the first two; the shared-memory path on
     # for every size, so the fixed groups are used (Note [fixed groups]).
@@ -84,6 +85,19 @@ def test_a_job_across_namespace_hosts_gives_the_one_machine_bits(reference, scen
         assert "replaced rank(s) [3]" in out or "restart 1 of 2" in out, out[-6000:]
     if scenario in ("kill-host", "freeze-host"):
         assert "cannot be reached" in out and "restart 1 of 2" in out, out[-6000:]
+    if scenario in ("stop-rank", "hang-rank"):
+        # Issue 32: a rank on another host stopped (its heartbeats stop) or
+        # hung in its own code (the others wait past the collective timeout):
+        # rabit-run ends it there through the launch agent (Note
+        # [supervision], rules (e) and (f)) and the job replaces it in place.
+        why = (r"sent no heartbeat for \d+\.\d s while the other ranks waited for it"
+               if scenario == "stop-rank" else
+               r"was in its own code after call #1 of version 2 while rank\(s\) [012, ]+ "
+               r"waited \d+\.\d s for it in call #2 of version 2")
+        assert re.search(rf"rabit-run: rank 3 \(pid \d+ on host \S+\) {why}.*; killed it "
+                         rf"on host \S+ through the launch agent", out), out[-6000:]
+        assert "replaced rank(s) [3]" in out and "restart 1 of" not in out, out[-6000:]
+        assert "1 in-job recovery (1 process replaced)" in out, out[-6000:]
 
 
 @pytest.mark.skipif(not CAN_MAKE_HOSTS, reason=WHY_NOT)

@@ -518,3 +518,18 @@ def test_a_teardown_stop_says_whether_the_processes_left_are_past_rabit_py():
     ours = teardown_message(reports, [101, 105, 999])
     assert "spare-4 (pid 105), a process (pid 999) did not end; stopping the job" in ours
     assert "MPI's own teardown" not in ours
+
+
+def test_the_launch_agent_is_found_where_prrte_takes_it(tmp_path):
+    # Rule (e)/(f) of Note [supervision] end a rank on another host through it.
+    agent = tmp_path / "agent"
+    agent.write_text("#!/bin/sh\n")
+    agent.chmod(0o755)
+    from rabit_py.launcher._command import launch_agent
+    assert launch_agent(["mpirun", "--mca", "plm_rsh_agent", f"{agent} -q", "-n", "2", "x"],
+                        {}) == [str(agent), "-q"]
+    assert launch_agent(["mpirun", "-n", "2", "x"],
+                        {"PRTE_MCA_plm_rsh_agent": f"nonexistent-agent : {agent}"}) == [str(agent)]
+    assert launch_agent(["mpirun", "-n", "2", "x"], {"OMPI_MCA_plm_rsh_agent": str(agent)}) \
+        == [str(agent)]
+    assert launch_agent(["mpirun", "-n", "2", "x"], {})[0] in ("ssh", "rsh")
