@@ -11,10 +11,10 @@ the functions that rebuild arrays, dtypes, scalars and random generators from
 their bytes -- and the classes the program allowed by name; any other name
 ends the load before anything of it ran, with :class:`NotData` naming it.
 The trainers' and the KVStore's models are dicts of such data, and
-``rabit_py.xgboost``'s a dataclass of it (listed here); but that one carries
-the training callbacks as a pickle of their own, which ``rabit_py.xgboost``
-loads as before (callbacks are the program's objects, and XGBoost's own name
-functions: not done yet). Pickles that travel between the job's own ranks (replicas,
+``rabit_py.xgboost``'s a dataclass of it (listed here), which carries the
+training callbacks as a pickle of their own, loaded as data too with what
+the program's callbacks name (Note [callbacks are data] in
+``rabit_py/xgboost/_rounds.py``). Pickles that travel between the job's own ranks (replicas,
 replays, broadcasts) are not read from a file and stay plain, as fast as
 before.
 """

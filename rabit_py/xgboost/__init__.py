@@ -63,6 +63,7 @@ Tier T3 of DESIGN.md ("Tiers"): a feature on the public API. It uses
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -80,7 +81,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
                       f"install it: pip install -e \".[xgboost]\"") from _exc
 
 from .. import api
-from ._rounds import BoostState, Interval, initial_state
+from ._rounds import BoostState, Interval, callback_names, initial_state
 from ._session import DataFn, Session, Tracker, without_repeated_task_lines
 from ..errors import TrainingError
 from ..ops import Op
@@ -153,6 +154,10 @@ def train(params: Mapping[str, Any], X: Any, y: Any = None, num_boost_round: int
                          early_stopping_rounds, verbose_eval, callbacks, custom_metric,
                          checkpoint_every, dmatrix_kwargs, timeout, max_failed_attempts,
                          tracker_host)
+    info = api.engine_info()
+    plan.interval = dataclasses.replace(
+        plan.interval, trust_callbacks=info.trust_checkpoints,
+        callbacks_may_name=callback_names(plan.callbacks, info.checkpoint_classes))
     state = _Trainer(plan).run()
     booster = plan.interval.finish(state)
     if evals_result is not None:
@@ -270,6 +275,7 @@ class _Trainer:
             raise TypeError(f"rank {self._rank}: the checkpoint (version {version}) holds "
                             f"{type(state).__name__}, not rabit_py.xgboost's training state: "
                             f"was it written by another program? Use another checkpoint_dir")
+        self._plan.interval.callbacks_of(state, self._rank)     # Note [callbacks are data]
         return state
 
     # ------------------------------------------------------------ one attempt

@@ -21,19 +21,39 @@ back before the model is saved. Without sampling the trees equal those of one
 pickled with the model, and ``before_training`` runs once, at round 0, so
 that they see one uninterrupted run; the history is the evaluation log of
 every round so far.
+
+# Note [callbacks are data]
+The callbacks' pickle is part of the checkpoint, so a planted checkpoint
+file could name any function in it (Note [checkpoints are data] in
+``rabit_py/_unpickle.py``). It is loaded as data with the names that the
+program's own callbacks can name: XGBoost's callback classes and the printer
+that ``EvaluationMonitor`` holds (``xgboost.collective.communicator_print``),
+every global that the pickle of the callbacks given to ``train`` names
+(recorded from that pickle, made in this process), and the program's
+``checkpoint_classes``; with ``trust_checkpoints`` any pickle loads. Anything
+else is refused with ``CheckpointError`` when the checkpoint is resumed, on
+every rank, before anything of it ran.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import io
 import pickle
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 import xgboost
 from xgboost.callback import CallbackContainer, TrainingCallback
 
+from .._unpickle import NotData, load_data
 from ..errors import CheckpointError
+
+#: What XGBoost's own callbacks' pickles name (Note [callbacks are data]).
+XGBOOST_CALLBACK_NAMES: FrozenSet[str] = frozenset(
+    [f"xgboost.callback.{name}" for name in ("EarlyStopping", "EvaluationMonitor",
+                                             "LearningRateScheduler", "TrainingCheckPoint")]
+    + ["xgboost.collective.communicator_print"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +98,26 @@ def _pickle_callbacks(callbacks: List[TrainingCallback]) -> bytes:
             f"pickle (module-level classes, no open files or locks)") from exc
 
 
+def callback_names(callbacks: Sequence[TrainingCallback], allowed: Iterable[str] = ()
+                   ) -> FrozenSet[str]:
+    """What a checkpoint's callbacks may name (Note [callbacks are data]):
+    XGBoost's, every global named by the pickle of ``callbacks`` (the
+    program's own), and ``allowed``.
+
+    Raises:
+        CheckpointError: a callback cannot be pickled.
+    """
+    named: set = set()
+
+    class Recorder(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            named.add(f"{module}.{name}")
+            return super().find_class(module, name)
+
+    Recorder(io.BytesIO(_pickle_callbacks(list(callbacks)))).load()   # this process's bytes
+    return XGBOOST_CALLBACK_NAMES | frozenset(named) | frozenset(allowed)
+
+
 @dataclasses.dataclass
 class Interval:
     """The fixed settings of every interval of one training."""
@@ -88,6 +128,26 @@ class Interval:
     obj: Optional[Callable[..., Any]]
     custom_metric: Optional[Callable[..., Any]]
     seed: int
+    #: Note [callbacks are data]: what the callbacks' pickle may name, and
+    #: whether any pickle is loaded (``trust_checkpoints``).
+    callbacks_may_name: FrozenSet[str] = XGBOOST_CALLBACK_NAMES
+    trust_callbacks: bool = False
+
+    def callbacks_of(self, state: BoostState, rank: int = -1) -> List[TrainingCallback]:
+        """The callbacks of ``state``, loaded as data (Note [callbacks are data]).
+
+        Raises:
+            CheckpointError: the pickle names something else; nothing of it ran.
+        """
+        if self.trust_callbacks:
+            return pickle.loads(state.callbacks)
+        try:
+            return load_data(state.callbacks, self.callbacks_may_name)
+        except NotData as exc:
+            where = f"rank {rank}: " if rank >= 0 else ""
+            raise CheckpointError(
+                f"{where}the training callbacks in rabit_py.xgboost's checkpoint (round "
+                f"{state.next_round}) {exc.advice()}") from None
 
     def booster(self, state: BoostState, train: xgboost.DMatrix,
                 evals: Sequence[Tuple[xgboost.DMatrix, str]]) -> xgboost.Booster:
@@ -106,7 +166,7 @@ class Interval:
         Raises:
             XGBoostError: XGBoost failed (a lost peer, or a genuine error).
         """
-        callbacks: List[TrainingCallback] = pickle.loads(state.callbacks)
+        callbacks = self.callbacks_of(state)
         booster = self.booster(state, train, evals)
         container = CallbackContainer(callbacks, metric=self.custom_metric,
                                       output_margin=callable(self.obj))
@@ -134,8 +194,7 @@ class Interval:
         ``xgboost.train`` does; early stopping's ``save_best`` slices)."""
         booster = (xgboost.Booster(self.params) if state.model is None else
                    xgboost.Booster(self.params, model_file=bytearray(state.model)))
-        callbacks: List[TrainingCallback] = pickle.loads(state.callbacks)
-        container = CallbackContainer(callbacks, metric=self.custom_metric,
+        container = CallbackContainer(self.callbacks_of(state), metric=self.custom_metric,
                                       output_margin=callable(self.obj))
         container.history = copy.deepcopy(state.history)
         return container.after_training(booster)

@@ -249,3 +249,57 @@ def test_an_error_in_one_ranks_data_ends_the_job_with_its_message():
     others += re.findall(r"rabit_py: rank 2 stopped the job with an uncaught exception .*"
                          r"\(this is rank (\d+);", out)
     assert sorted(map(int, others)) == [0, 1, 3], out[-6000:]
+
+
+class _Planted:
+    """A pickle that would run a shell command when loaded."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def test_a_planted_callbacks_pickle_runs_nothing_and_is_refused(tmp_path):
+    # Issue 32, Note [callbacks are data]: the checkpointed training state
+    # carries the callbacks as a pickle of their own. One planted in a
+    # durable checkpoint is refused on resume with nothing of it run, while
+    # the program's own callbacks (its Progress class, XGBoost's
+    # EarlyStopping) load as data.
+    import dataclasses
+    import pickle
+
+    from rabit_py.engine._store import read_file, write_file
+
+    folder, marker = tmp_path / "ckpt", tmp_path / "PLANTED-RAN"
+
+    def job(rounds, *options):
+        cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", "2", "--checkpoint-dir",
+               str(folder), *options, "--", *PROGRAM, "--rounds", str(rounds), "--rows",
+               "2000", "--every", "2", "--early-stopping", "5"]
+        return run(cmd, timeout=150, env=ENV)
+
+    code, out = job(4)
+    assert code == 0, out[-6000:]
+    newest = sorted(folder.glob("v*.global.ckpt"))[-1]
+    version = int(newest.name[1:9])
+    blob, world = read_file(str(newest), version)
+    state = pickle.loads(blob)                      # the test's own file
+    assert state.next_round == 4
+    planted = dataclasses.replace(state, callbacks=pickle.dumps([_Planted(f"touch {marker}")]))
+    write_file(str(newest), pickle.dumps(planted), world, version)
+    code, out = job(6, "--max-restarts", "1", "--restart-delay", "0")
+    assert code != 0, out[-6000:]
+    assert not marker.exists(), out[-6000:]
+    assert (f"the training callbacks in rabit_py.xgboost's checkpoint (round 4) names "
+            f"{os.system.__module__}.system, which is not data") in out, out[-6000:]
+    assert "not restarting it" in out and "restart 1 of 1" not in out, out[-6000:]
+    # The file as the program wrote it resumes: its callbacks are its own.
+    write_file(str(newest), blob, world, version)
+    code, out = job(6)
+    assert code == 0, out[-6000:]
+    assert re.search(r"resumed from durable checkpoint version \d+", out), out[-6000:]
+    # ROUND <rank> <round>: rounds 4 and 5 only, from the checkpoint
+    assert sorted(set(re.findall(r"^ROUND \d (\d+)$", out, re.M))) == ["4", "5"], out[-6000:]
+    assert not marker.exists(), out[-6000:]
