@@ -46,11 +46,15 @@ class Checkpoints:
         self.global_blob: Optional[bytes] = None
         self.local_blob: Optional[bytes] = None
         self.lazy_global: Any = NO_LAZY
+        # A durable version's models as its check loaded them: (version,
+        # global, local), handed out once instead of loading them again.
+        self._checked: Optional[Tuple[int, Any, Any]] = None
 
     def commit(self, global_blob: Optional[bytes], local_blob: Optional[bytes],
                lazy: Any = NO_LAZY) -> None:
         """A new version's models: bytes, or ``lazy`` (the object itself)."""
         self.global_blob, self.local_blob, self.lazy_global = global_blob, local_blob, lazy
+        self._checked = None
 
     def save(self, version: int, global_blob: Optional[bytes],
              local_blob: Optional[bytes]) -> None:
@@ -68,14 +72,21 @@ class Checkpoints:
         """``version`` and its models, as ``load_checkpoint`` returns them."""
         if version == 0:
             return (0, None, None) if with_local else (0, None)
+        checked, self._checked = self._checked, None
+        if checked is not None and checked[0] == version:
+            # Loaded once by the check (a fresh object, as deserialize gives).
+            _, global_model, local_model = checked
+        else:
+            global_model = local_model = NO_LAZY
         if self.lazy_global is not NO_LAZY:
             global_model = self.lazy_global
-        else:
+        elif global_model is NO_LAZY:
             global_model = deserialize(self.global_blob, "global model")  # type: ignore[arg-type]
         if not with_local:
             return version, global_model
-        local_model = (None if self.local_blob is None
-                       else deserialize(self.local_blob, "local model"))
+        if local_model is NO_LAZY:
+            local_model = (None if self.local_blob is None
+                           else deserialize(self.local_blob, "local model"))
         return version, global_model, local_model
 
     def load_durable(self, comm: Any, rank: int, version: int) -> int:
@@ -106,9 +117,10 @@ class Checkpoints:
         if agreed == 0:
             return version
         blobs: Tuple[Optional[bytes], Optional[bytes]] = (None, None)
+        checked: Optional[Tuple[int, Any, Any]] = None
         try:
             blobs = self.store.load(agreed)
-            self._check_data(agreed, *blobs)
+            checked = self._check_data(agreed, *blobs)
         except CheckpointError as exc:
             problem = str(exc)
         failed = control.allgather(comm, problem, "durable.problems")
@@ -117,26 +129,31 @@ class Checkpoints:
             said = list(dict.fromkeys(p for p in failed if p))
             raise mark_every_rank(CheckpointError("; ".join(said)))
         self.commit(*blobs)
+        self._checked = checked
         log.warning("rank %d: resumed from durable checkpoint version %d in %s", rank,
                     agreed, self.store.folder)
         return agreed
 
     def _check_data(self, version: int, global_blob: Optional[bytes],
-                    local_blob: Optional[bytes]) -> None:
+                    local_blob: Optional[bytes]) -> Optional[Tuple[int, Any, Any]]:
         """Note [checkpoints are data] in ``rabit_py/_unpickle.py``: the
-        models of ``version``, read from the folder, are loaded as data once
-        before they are taken (the program later loads the same bytes).
+        models of ``version``, read from the folder, are loaded as data
+        before they are taken. Returns ``(version, global, local)`` as
+        loaded (``load_checkpoint`` hands them out instead of loading the
+        bytes again), or None where the folder is trusted (not loaded here).
 
         Raises:
             CheckpointError: a model names something else, or is corrupt.
         """
         if self._trust:
-            return
+            return None
+        loaded = []
         for what, blob in (("global model", global_blob), ("local model", local_blob)):
             if blob is None:
+                loaded.append(None)
                 continue
             try:
-                load_data(blob, self._allowed)
+                loaded.append(load_data(blob, self._allowed))
             except NotData as exc:
                 raise CheckpointError(
                     f"the {what} of checkpoint version {version} in {self.store.folder} "  # type: ignore[union-attr]
@@ -145,3 +162,4 @@ class Checkpoints:
                 raise CheckpointError(
                     f"the {what} of checkpoint version {version} in {self.store.folder} "  # type: ignore[union-attr]
                     f"cannot be read back: {type(exc).__name__}: {exc}") from None
+        return version, loaded[0], loaded[1]

@@ -400,3 +400,31 @@ def test_a_group_writable_folder_of_a_private_group_is_the_users(tmp_path):
         os.chown(folder, -1, grp.getgrnam("daemon").gr_gid)     # a group of others
     with pytest.raises(CheckpointError, match="can be written by its group \\(mode 0o770\\)"):
         DurableStore(str(folder), 0, 1)
+
+
+def test_a_durable_version_is_unpickled_once_at_a_resume():
+    # Note [checkpoints are data]: the check loads the models as data; the
+    # first load_checkpoint hands out those objects instead of unpickling the
+    # bytes again (a model of GBs was unpickled twice); later ones load fresh.
+    import pickle
+
+    import numpy as np
+
+    from rabit_py.engine._versions import Checkpoints
+
+    model, local = {"w": np.arange(5.0)}, [1, 2]
+    blobs = (pickle.dumps(model), pickle.dumps(local))
+    checkpoints = Checkpoints(None)
+    checked = checkpoints._check_data(3, *blobs)
+    checkpoints.commit(*blobs)
+    checkpoints._checked = checked
+    version, first, first_local = checkpoints.result(3, with_local=True)
+    assert version == 3 and first is checked[1] and first_local is checked[2]
+    version, again = checkpoints.result(3, with_local=False)
+    assert again is not first and (again["w"] == model["w"]).all()
+    # Trusted folders are not loaded by the check: nothing to hand out.
+    assert Checkpoints(None, trust=True)._check_data(3, *blobs) is None
+    # A new version drops what the check loaded.
+    checkpoints._checked = checked
+    checkpoints.commit(pickle.dumps("v4"), None)
+    assert checkpoints.result(4, with_local=False) == (4, "v4")
