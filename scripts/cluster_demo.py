@@ -163,9 +163,12 @@ class Hosts:
         # Each host's temporary folder is its own TMPDIR (where Open MPI
         # keeps its session files), not a mount over /tmp: the job's program,
         # interpreter or checkout may live under /tmp (a CI virtualenv did).
+        # A host whose network is cut does not answer, as ssh would not.
         self.agent.write_text(
             "#!/bin/sh\n"
             'host="$1"; shift\n'
+            'ip -n "$host" link show eth0 2>/dev/null | grep -q LOWER_UP || '
+            '{ echo "ssh: connect to host $host port 22: No route to host" >&2; exit 255; }\n'
             f'exec ip netns exec "$host" unshare --uts --mount sh -c \'hostname "$0"; '
             f'mount --bind {self.base}/"$0"/shm /dev/shm; exec env -i HOME=/root '
             f'PATH={path} TMPDIR={self.base}/"$0"/tmp sh -c "$1"\' "$host" "$*"\n')

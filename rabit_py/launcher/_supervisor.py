@@ -38,8 +38,13 @@ And it ends one rank, not the job, when
     ``Attempt.end_process``). The watchdog thread beats every second
     whatever the program computes, so silence means a stopped process, one
     where Python no longer runs (a C call holding the interpreter's lock for
-    that long would be taken for one), or a host that does not answer (then
-    the agent fails, which is said, and PRRTE's loss of the host decides).
+    that long would be taken for one), or a host that does not answer. If
+    the agent cannot reach the host (here or in rule (f)), rabit-run says
+    so and ends the attempt at once instead of waiting for the collective
+    timeout: the restart leaves that host out (Note [several hosts] in
+    ``_command.py``). The ranks of a lost host cannot be replaced in the job:
+    Open MPI 5.0's PRRTE ends a job whose daemon it loses (PRRTE gained
+    tolerance of lost daemons after it: openpmix/prrte#2443).
     A replacement that freezes again and again is ended each time until the
     engine's crash-loop rule (``RABIT_CRASH_LOOP``) ends the job as a bug;
 (f) a rank waited in a collective past the collective timeout and asked for
@@ -197,6 +202,12 @@ class Attempt:
                 for name in ("btl_sm_backing_directory", "osc_sm_backing_directory"):
                     self.env.setdefault(f"OMPI_MCA_{name}", shm)
         self._host = socket.gethostname()
+        #: (host, rank): a host that the launch agent could not reach to end
+        #: that rank (Note [supervision], rules (e) and (f)).
+        self.unreachable: Optional[Tuple[str, str]] = None
+        #: rules (e), (f): the ranks ended alone ("frozen: ..." / "hung: ..."),
+        #: appended by the supervision and the threads that end remote ones
+        self.ended: List[str] = []
         self._pids_seen: Set[int] = set()
         # Every process of the job seen while mpirun lived, with its start
         # time: one that mpirun left behind (reparented to init when mpirun
@@ -313,7 +324,7 @@ class Attempt:
         everyone = clean >= self.ranks or (job_done(self.status_dir) and not failed)
         outcome = Outcome(code, started=any(r.started for r in ranks.values()),
                           recoveries=watch.recoveries, replaced=watch.replaced,
-                          progressed=watch.longest_gap > 0, ended=list(watch.ended))
+                          progressed=watch.longest_gap > 0, ended=list(self.ended))
         all_clean = everyone and not fatal
         if all_clean and (code == 0 or code > 128 or stopped is not None):
             if code > 128 and stopped is None:
@@ -365,24 +376,30 @@ class Attempt:
             self._said.add(text)
             print(text, file=sys.stderr, flush=True)
 
-    def end_process(self, rank: str, pid: int, host: str) -> Optional[str]:
-        """SIGKILL rank ``rank``'s process ``pid`` on ``host``: on this host at
-        once, on another through the launch agent that PRRTE uses to reach
-        it, in the background (a host that does not answer must not hold the
-        supervision; a failure is said). Returns what was done, or None if the
-        process is gone already."""
+    def end_process(self, label: str, rank: str, pid: int, host: str, why: str) -> bool:
+        """SIGKILL rank ``rank``'s process ``pid`` on ``host``, which ``why``
+        (``"was stopped ..."``) explains: on this host at once, on another
+        through the launch agent that PRRTE uses to reach it, in the
+        background (a host that does not answer must not hold the
+        supervision). What was done is said and kept for the summary under
+        ``label``; a host the agent cannot reach is kept in
+        :attr:`unreachable`. Returns False if the process was gone already
+        (this host)."""
         if host == self._host:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
-                return None
-            return "killed it"
+                return False
+            self._ended(label, f"rank {rank} (pid {pid}) {why}; killed it, so that the job "
+                               f"replaces it in place")
+            return True
         agent = launch_agent(self.cmd, self.env)
-        threading.Thread(target=self._end_remote, args=(agent, rank, pid, host),
+        threading.Thread(target=self._end_remote, args=(agent, label, rank, pid, host, why),
                          daemon=True).start()
-        return f"killed it on host {host} through the launch agent ({agent[0]})"
+        return True
 
-    def _end_remote(self, agent: List[str], rank: str, pid: int, host: str) -> None:
+    def _end_remote(self, agent: List[str], label: str, rank: str, pid: int, host: str,
+                    why: str) -> None:
         try:
             done = subprocess.run([*agent, host, f"kill -KILL {pid}"], env=self.env,
                                   stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -391,9 +408,18 @@ class Attempt:
                       if done.returncode else None)
         except (OSError, subprocess.TimeoutExpired) as exc:
             failed = str(exc)
-        if failed is not None:
-            self._say(f"rabit-run: could not end rank {rank} (pid {pid}) on host {host} "
-                      f"through the launch agent {' '.join(agent)}: {failed}")
+        who = f"rank {rank} (pid {pid} on host {host}) {why}"
+        if failed is None:
+            self._ended(label, f"{who}; killed it there through the launch agent ({agent[0]}), "
+                               f"so that the job replaces it in place")
+            return
+        self._say(f"rabit-run: {who}; the launch agent ({' '.join(agent)}) could not reach "
+                  f"the host to end it: {failed}")
+        self.unreachable = self.unreachable or (host, rank)     # read by _Watch.look
+
+    def _ended(self, label: str, what: str) -> None:
+        self.ended.append(f"{label}: {what}")
+        self._say(f"rabit-run: {what}")
 
     def _clean_up(self) -> None:
         """Remove the attempt's folders, and segments of rabit_py's own
@@ -475,7 +501,6 @@ class _Watch:
         self.recoveries = 0
         self.replaced = 0
         self.frozen_since: Dict[int, float] = {}     # rule (e): pid -> stopped since
-        self.ended: List[str] = []                   # rules (e), (f): what was done, for the summary
         self.overdue_seen: Set[Tuple[str, float]] = set()   # rule (f): the requests acted on
         self.hung_killed: Set[int] = set()          # rule (f): the processes killed
         self.silenced: Set[Tuple[str, int]] = set()  # rule (e), other hosts: (name, last beat)
@@ -543,6 +568,10 @@ class _Watch:
                 return stuck
         # (e) a rank stopped while the others wait for it: end it alone.
         self._end_frozen(now, alive)
+        if self.attempt.unreachable is not None:
+            host, rank = self.attempt.unreachable
+            return (f"host {host} does not answer: rank {rank} there held the others and the "
+                    f"launch agent could not reach the host to end it")
         # (f) a rank that the others waited for past the collective timeout.
         self._end_hung(alive)
         # (b) a stall: no progress while every living rank waits inside rabit_py.
@@ -592,17 +621,11 @@ class _Watch:
             since = self.frozen_since.setdefault(pid, now)
             if not waiting or now - since < FROZEN_S:
                 continue
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            del self.frozen_since[pid]
-            rank = name.split("-", 1)[1]
-            what = (f"rank {rank} (pid {pid}) was stopped (SIGSTOP) for {now - since:.1f} s "
-                    f"while the other ranks waited for it in rabit_py; killed it, so that "
-                    f"the job replaces it in place")
-            self.ended.append(f"frozen: {what}")
-            self.attempt._say(f"rabit-run: {what}")
+            if self.attempt.end_process(
+                    "frozen", name.split("-", 1)[1], pid, self.attempt._host,
+                    f"was stopped (SIGSTOP) for {now - since:.1f} s while the other ranks "
+                    f"waited for it in rabit_py"):
+                del self.frozen_since[pid]
         self._end_silent(now, alive)
 
     def _end_silent(self, now: float, alive: Dict[str, Report]) -> None:
@@ -626,16 +649,10 @@ class _Watch:
             if (name, beat[0]) in self.silenced:
                 continue
             self.silenced.add((name, beat[0]))
-            rank, pid, host = name.split("-", 1)[1], beat[5], beat[6]
-            how = self.attempt.end_process(rank, pid, host)
-            if how is None:
-                continue
-            what = (f"rank {rank} (pid {pid} on host {host}) sent no heartbeat for {quiet:.1f} s "
-                    f"while the other ranks waited for it in rabit_py (a stopped process, or "
-                    f"one where Python no longer runs); {how}, so that the job replaces it "
-                    f"in place")
-            self.ended.append(f"frozen: {what}")
-            self.attempt._say(f"rabit-run: {what}")
+            self.attempt.end_process(
+                "frozen", name.split("-", 1)[1], beat[5], beat[6],
+                f"sent no heartbeat for {quiet:.1f} s while the other ranks waited for it in "
+                f"rabit_py (a stopped process, or one where Python no longer runs)")
 
     def _end_hung(self, alive: Dict[str, Report]) -> None:
         """Rule (f) of Note [supervision] (Note [hung ranks] in
@@ -659,22 +676,15 @@ class _Watch:
                         (r.state == "user" and (beat[1], beat[2]) < (version, seqno)) or
                         (r.state == "prepare" and (beat[1], beat[2]) == (version, seqno))):
                     continue
-                rank, pid, host = other.split("-", 1)[1], beat[5], beat[6]
                 who = ", ".join(w for w, _ in sorted(waiters, key=lambda w: int(w[0])))
                 place = (f"in its own code after call #{beat[2]} of version {beat[1]}"
                          if r.state == "user" else "in the prepare_fun of that call")
-                where = (f"was {place} while "
-                         f"rank(s) {who} waited {max(t for _, t in waiters):.1f} s for it in "
-                         f"call #{seqno} of version {version}, past the collective timeout")
-                how = self.attempt.end_process(rank, pid, host)
-                if how is None:
-                    continue
-                self.hung_killed.add(pid)
-                on = "" if host == self.attempt._host else f" on host {host}"
-                what = f"rank {rank} (pid {pid}{on}) {where}; {how}, so that the job " \
-                       f"replaces it in place"
-                self.ended.append(f"hung: {what}")
-                self.attempt._say(f"rabit-run: {what}")
+                if self.attempt.end_process(
+                        "hung", other.split("-", 1)[1], beat[5], beat[6],
+                        f"was {place} while rank(s) {who} waited "
+                        f"{max(t for _, t in waiters):.1f} s for it in call #{seqno} of version "
+                        f"{version}, past the collective timeout"):
+                    self.hung_killed.add(beat[5])
 
     @staticmethod
     def _stuck_spawn(ranks: Dict[str, Report], alive: Dict[str, Report]) -> Optional[str]:
