@@ -269,7 +269,8 @@ def allreduce(data: np.ndarray, op: OpLike,
         CollectiveTimeoutError: the call did not complete within ``timeout``.
         NotInitializedError: before ``init()``.
     """
-    return _current().transport(data, op).allreduce(data, op, prepare_fun)
+    engine = _engine if _engine is not None else _current()     # the hot path: no call
+    return engine.transport(data, op).allreduce(data, op, prepare_fun)
 
 
 def broadcast(data: Any, root: int = 0) -> Any:

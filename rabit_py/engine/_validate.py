@@ -13,7 +13,8 @@ import numpy as np
 
 from ..ops import DTYPES, OpLike, check_op_dtype, dtype_code
 
-__all__ = ["check_allreduce", "check_array_broadcast", "check_allgather", "check_root"]
+__all__ = ["check_allreduce", "check_array_broadcast", "check_allgather", "check_root",
+           "valid_pairs"]
 
 
 def _check_array(data: Any, call: str, in_place: bool) -> Optional[BaseException]:
@@ -67,6 +68,11 @@ def _valid_pairs() -> frozenset:
 
 _SUPPORTED = frozenset(DTYPES)
 _VALID_PAIRS = _valid_pairs()
+
+
+def valid_pairs() -> frozenset:
+    """Every valid ``(op code, dtype)`` pair of a built-in operator."""
+    return _VALID_PAIRS
 
 
 def check_root(root: Any, world_size: int) -> Optional[BaseException]:

@@ -72,6 +72,7 @@ from ._checkpoint import deserialize, serialize
 from ._lifecycle import raised_by_rabit_py
 from ._signature import (Call, Kind, allgather_call, allreduce_call, replay_key, same_call,
                          shown)
+from ._reduce import DIRECT_TYPES
 from ._validate import check_allreduce
 from ._versions import NO_LAZY
 from .base import CheckpointResult, DeviceTransports, EngineInfo, PrepareFn
@@ -216,8 +217,22 @@ class RobustEngine(MpiEngine):
     # _call takes over.
     def allreduce(self, data: np.ndarray, op: OpLike,
                   prepare_fun: Optional[PrepareFn] = None) -> np.ndarray:
+        frame = self.frame
+        if (prepare_fun is None and type(data) is np.ndarray and type(op) is int
+                and data.nbytes < self._reduce.direct_below and not self._recovering):
+            direct = DIRECT_TYPES.get((op, data.dtype))
+            flags = data.flags
+            if direct is not None and flags.c_contiguous and flags.writeable \
+                    and not self._cache.refused:
+                key = (self._epoch, frame.seqno)
+                try:
+                    return self._direct_allreduce(key, data, op, direct)
+                except PeerFailure:
+                    self._recover()
+                return self._call(Kind.ALLREDUCE, key, (op, data.dtype, data.shape, None),
+                                  self._execute_allreduce, _serve_array, None, data, op, None)
         error = check_allreduce(data, op)
-        key = (self._epoch, self.frame.seqno)
+        key = (self._epoch, frame.seqno)
         if error is not None:
             return self._call(Kind.ALLREDUCE, key, None, self._refused_allreduce, None, error,
                               data, op, prepare_fun, error)
@@ -232,6 +247,43 @@ class RobustEngine(MpiEngine):
                 self._recover()
         return self._call(Kind.ALLREDUCE, key, call, self._execute_allreduce, _serve_array, None,
                           data, op, prepare_fun)
+
+    # Note [small allreduce]
+    # A small allreduce costs its Python more than its MPI call (raw
+    # mpi4py's 8-byte Allreduce: 1-1.5 us on the development VM), so the
+    # common case -- a valid built-in op on a writeable C-contiguous array
+    # below the shared-memory sizes, no prepare_fun, not recovering -- runs
+    # in one method: the reduction inlined, the input checks as one table
+    # look-up (DIRECT_TYPES in _reduce.py, which also
+    # gives the MPI datatype and op, sparing mpi4py's look-up of them). The
+    # same steps as the general path in the same order (number, watch,
+    # check, reduce out of place into a cache buffer, trust only an
+    # unrevoked result, copy back, keep): the same results, errors and
+    # recovery. Measured with 8 bytes, 2 ranks: 5.8 -> 4.2 us per call with
+    # the check off, 8.6-10.5 -> 7.2-7.4 with it on (one job each way).
+
+    def _direct_allreduce(self, key: Key, data: np.ndarray, op: int,
+                          direct: Tuple[Any, Any]) -> np.ndarray:
+        """Note [small allreduce]: :meth:`_execute_allreduce` for an array
+        that goes straight to MPI."""
+        frame = self.frame
+        call = (op, data.dtype, data.shape, None)
+        frame.enter(Kind.ALLREDUCE, None, True, call)
+        cache = self._cache
+        try:
+            out = cache.buffer_like(data)
+            mpitype, mpiop = direct
+            frame.comm.Allreduce([data, mpitype], [out, mpitype], op=mpiop)
+        except MPI.Exception as exc:
+            raise frame.failure(exc) from exc
+        finally:
+            frame.leave()
+        frame.check_revoked()
+        data[...] = out
+        cache.put_owned(key, Kind.ALLREDUCE, call, out)
+        if cache.copies or cache.refused:
+            self._thin(key)             # thins, or says the budget was passed
+        return data
 
     def _execute_allreduce(self, key: Key, call: Call, data: np.ndarray, op: OpLike,
                            prepare_fun: Optional[PrepareFn]) -> np.ndarray:

@@ -172,8 +172,8 @@ def test_the_earliest_report_decides_the_verdict(tmp_path, capsys, bug_first):
         assert "bug" not in err and "Unpickling" not in err, err
 
 def test_a_wedged_job_is_ended_and_restarted(tmp_path):
-    # Rank 1 hangs inside rabit_py (its engine's reduction, replaced here by a
-    # sleep, stands for MPI waiting for good), so every living rank waits
+    # Rank 1 hangs inside rabit_py (a step of its engine's allreduce, replaced
+    # here by a sleep, stands for MPI waiting for good), so every living rank waits
     # inside rabit_py and nothing moves: a wedge the collective timeout (600 s
     # here) would end only after ten minutes. rabit-run ends it after the
     # stall timeout and restarts it; the restarted job finishes.
@@ -182,7 +182,7 @@ def test_a_wedged_job_is_ended_and_restarted(tmp_path):
                "version, model = r.load_checkpoint()\n"
                "first = os.environ['RABIT_RESTART_COUNT'] == '0'\n"
                "if first and r.get_rank() == 1:\n"
-               "    r.api._engine._reduce.run = lambda *args, **kwargs: time.sleep(3600)\n"
+               "    r.api._engine._cache.buffer_like = lambda data: time.sleep(3600)\n"
                "x = r.allreduce(np.ones(2), r.Op.SUM)\n"
                "print('SUM', x.tolist(), flush=True)\n"
                "r.finalize()\n")

@@ -114,6 +114,32 @@ def test_allreduce_every_op_and_dtype(session):
         assert same_on_all_ranks(data), f"ranks got different bits for {op} {dtype}"
 
 
+def test_a_small_allreduce_gives_mpis_bits_and_keeps_each_result(session):
+    # Note [small allreduce]: the direct path (built-in op, small writeable
+    # C-contiguous array) reduces as MPI does and keeps every result for
+    # replay, as the general path; a strided view, a read-only array or a
+    # custom op take the general path and are refused or reduced as before.
+    rng = np.random.default_rng([RANK, 7])
+    for dtype in ("float32", "float64", "int64", "uint8", "complex128", "bool"):
+        mine = (rng.normal(size=5) > 0 if dtype == "bool"
+                else (rng.normal(size=5) * 100).astype(dtype))
+        op = Op.BITOR if dtype == "bool" else Op.SUM
+        raw = mine.copy()
+        WORLD.Allreduce(MPI.IN_PLACE, raw, op=MPI.LOR if dtype == "bool" else MPI.SUM)
+        before = rabit.engine_info().cache_bytes
+        data = mine.copy()
+        assert rabit.allreduce(data, op) is data
+        assert data.tobytes() == raw.tobytes(), dtype
+        if session == "robust" and SIZE > 1:
+            assert rabit.engine_info().cache_bytes == before + mine.nbytes, dtype
+    with pytest.raises(ValueError, match="strided view"):
+        rabit.allreduce(np.zeros((4, 4))[:, 0], Op.SUM)
+    readonly = np.zeros(3)
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        rabit.allreduce(readonly, Op.SUM)
+
+
 @pytest.mark.parametrize("shape", [(0,), (1,), (7,), (2, 3, 4), ()])
 def test_allreduce_shapes(session, shape):
     data = np.full(shape, RANK + 1, dtype=np.int32)
