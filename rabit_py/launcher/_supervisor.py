@@ -132,6 +132,7 @@ FROZEN_S = 2.0            # rule (e): a rank stopped this long while others wait
 OVERDUE_FRESH_S = 5.0     # rule (f): a rank's request to end the ranks it waits for, this new
 SILENT_S = 5.0            # rule (e): a rank on another host without heartbeats this long: ended
 REMOTE_KILL_S = 20.0      # the launch agent's time to end a process on another host
+AGENT_FAILED = 255        # ssh's status when it cannot reach the host (the command's own else)
 STALL_FACTOR = 10.0
 STALL_FLOOR_S = 60.0
 STALL_CEILING_S = 900.0
@@ -406,6 +407,8 @@ class Attempt:
                                   timeout=REMOTE_KILL_S, start_new_session=True)
             failed = (f"exit status {done.returncode}: {done.stderr.strip()[-300:]}"
                       if done.returncode else None)
+            if done.returncode not in (0, AGENT_FAILED):
+                return          # kill itself failed: the process had ended meanwhile
         except (OSError, subprocess.TimeoutExpired) as exc:
             failed = str(exc)
         who = f"rank {rank} (pid {pid} on host {host}) {why}"
@@ -638,8 +641,10 @@ class _Watch:
         silent = {}
         for name, report in alive.items():
             beat, last = report.beat, self.beats.get(name)
+            newer = report.started_by is not None and report.started_by[0] != beat[5] \
+                if beat is not None else False     # a replacement that has not beaten yet
             if beat is not None and beat[6] != self.attempt._host and last is not None \
-                    and now - last[1] >= SILENT_S:
+                    and not newer and report.state != "done" and now - last[1] >= SILENT_S:
                 silent[name] = now - last[1]
         waiting = any(r.state not in COMPUTING for n, r in alive.items() if n not in silent)
         if not waiting:

@@ -533,3 +533,39 @@ def test_the_launch_agent_is_found_where_prrte_takes_it(tmp_path):
     assert launch_agent(["mpirun", "-n", "2", "x"], {"OMPI_MCA_plm_rsh_agent": str(agent)}) \
         == [str(agent)]
     assert launch_agent(["mpirun", "-n", "2", "x"], {})[0] in ("ssh", "rsh")
+
+
+@pytest.mark.parametrize("status,expected", [(0, "ended"), (1, "gone"), (255, "unreachable")])
+def test_a_rank_on_another_host_is_ended_through_the_launch_agent(tmp_path, status, expected):
+    # Rules (e)/(f) of Note [supervision]: AGENT HOST kill -KILL PID. ssh's own
+    # failure (255) means the host does not answer, which ends the attempt;
+    # kill's failure (the process had ended) is nothing to act on.
+    import shutil
+
+    from rabit_py.launcher._supervisor import Attempt
+
+    calls = tmp_path / "calls"
+    agent = tmp_path / "agent"
+    agent.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
+                     f'[ {status} = 255 ] && echo "ssh: connect to host $1: No route" >&2\n'
+                     f"exit {status}\n")
+    agent.chmod(0o755)
+    attempt = Attempt(["mpirun", "--mca", "plm_rsh_agent", str(agent), "-n", "2", "x"], 2, {},
+                      private_dirs=False, status_parent=str(tmp_path))
+    try:
+        attempt._host = "here"
+        assert attempt.end_process("hung", "3", 4242, "there", "was stuck")
+        deadline = time.monotonic() + 10
+        while not calls.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert calls.read_text() == "there kill -KILL 4242\n"
+        if expected == "ended":
+            assert attempt.ended == [f"hung: rank 3 (pid 4242 on host there) was stuck; killed "
+                                     f"it there through the launch agent ({agent}), so that "
+                                     f"the job replaces it in place"]
+        else:
+            assert attempt.ended == []
+        assert attempt.unreachable == (("there", "3") if expected == "unreachable" else None)
+    finally:
+        shutil.rmtree(attempt.status_dir, ignore_errors=True)
