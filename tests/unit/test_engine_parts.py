@@ -150,19 +150,21 @@ def test_the_watchdog_does_not_fire_for_calls_that_end_in_time():
 def test_an_overdue_call_given_a_grace_is_left_alone_if_it_ends_meanwhile():
     # Note [hung ranks]: asked once per call; the call then has the grace,
     # and when it ends within it (the hung rank was ended) nothing fires and
-    # the next call is watched again.
+    # the next call is watched again. Margins of seconds: a loaded machine.
     fired, asked = [], []
     dog = Watchdog(0.2, fired.append, on_overdue=lambda token, waited: asked.append(
-        (token, round(waited, 1))) or True, overdue_grace=0.6)
+        (token, waited)) or True, overdue_grace=2.0)
     try:
         dog.enter("first")
-        time.sleep(0.5)
-        assert asked == [("first", 0.2)] and fired == []
+        time.sleep(0.6)
+        assert [t for t, _ in asked] == ["first"] and asked[0][1] >= 0.2 and fired == []
         dog.leave()
-        time.sleep(0.5)
-        assert fired == [] and dog.fired is None
+        time.sleep(2.0)
+        assert fired == [] and dog.fired is None and len(asked) == 1
         dog.enter("second")
-        time.sleep(1.2)             # past the timeout and the grace: fires
+        deadline = time.monotonic() + 15
+        while not fired and time.monotonic() < deadline:     # 0.2 s + 2 s of grace
+            time.sleep(0.05)
         assert [t for t, _ in asked] == ["first", "second"] and fired == ["second"]
     finally:
         dog.stop()
@@ -174,7 +176,9 @@ def test_an_overdue_call_not_given_a_grace_fires_at_once():
                    and False, overdue_grace=5)
     try:
         dog.enter("call")
-        time.sleep(0.5)
+        deadline = time.monotonic() + 15
+        while not fired and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert asked == ["call"] and fired == ["call"] and dog.fired == "call"
     finally:
         dog.stop()
