@@ -40,8 +40,9 @@ def main() -> int:
                         help="seconds a process spawned by a repair sleeps before init() (its "
                              "MPI world is the spawn's: smaller than the job's)")
     parser.add_argument("--hang", default="",
-                        help="RANK,ROUND: that rank's first process hangs in its own code "
-                             "(sleeps for an hour) in that round, between calls 1 and 2")
+                        help="RANK,ROUND: that rank's first process (of the first attempt) "
+                             "hangs in its own code (sleeps for an hour) in that round, "
+                             "between calls 1 and 2")
     parser.add_argument("--hang-always", action="store_true",
                         help="with --hang: its replacements hang there too")
     args = parser.parse_args()
@@ -78,7 +79,8 @@ def main() -> int:
             grad = np.empty(config["dim"])
             rabit.allreduce(grad, rabit.Op.SUM, prepare_fun=prepare)              # seqno 0
             best = rabit.allreduce(np.array([(rank + 1) * (it + 3) % 7]), rabit.Op.MAX)  # 1
-            if rank == hang_rank and it == hang_round and (trial == 0 or args.hang_always):
+            first = trial == 0 and os.environ.get("RABIT_RESTART_COUNT", "0") in ("", "0")
+            if rank == hang_rank and it == hang_round and (first or args.hang_always):
                 print(f"HANG {rank} {os.getpid()}", flush=True)
                 time.sleep(3600)
             root = it % size
