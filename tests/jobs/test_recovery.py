@@ -231,7 +231,7 @@ def test_a_late_rank_under_plain_mpirun_is_still_a_timeout_naming_it():
                "r.init(engine='robust', timeout=2)\n"
                "r.allreduce(np.zeros(2), r.Op.SUM)\n"
                "if r.get_rank() == 1:\n"
-               "    time.sleep(30)\n"
+               "    time.sleep(8)\n"
                "try:\n"
                "    r.allreduce(np.zeros(2), r.Op.SUM)\n"
                "except r.CollectiveTimeoutError as exc:\n"
