@@ -16,6 +16,7 @@ import pytest
 from rabit_py.engine._store import write_file
 
 from .._proc import ROOT, _kill_tree, run
+from .._planted import Planted
 
 PROGRAM = [sys.executable, "tests/programs/bsp_train.py"]
 RANKS = 4
@@ -173,17 +174,6 @@ def test_a_replacement_gets_the_settings_that_do_not_fit_in_its_environment(refe
 
 
 # ---------------------------------------------------------------- checkpoints are data
-class _Planted:
-    """What someone who can write into the folder leaves there: unpickling it
-    runs a shell command (Note [checkpoints are data])."""
-
-    def __init__(self, command: str) -> None:
-        self.command = command
-
-    def __reduce__(self):
-        return (os.system, (self.command,))
-
-
 def test_a_planted_checkpoint_runs_nothing_and_is_refused_on_every_rank(tmp_path):
     folder, marker = tmp_path / "ckpt", tmp_path / "PLANTED-RAN"
     code, out = run(launcher("--checkpoint-dir", str(folder)), timeout=120,
@@ -191,7 +181,7 @@ def test_a_planted_checkpoint_runs_nothing_and_is_refused_on_every_rank(tmp_path
     assert code == 0, out[-6000:]
     newest = sorted(folder.glob("v*.global.ckpt"))[-1]
     version = int(newest.name[1:9])
-    write_file(str(newest), pickle.dumps(_Planted(f"touch {marker}")), RANKS, version)
+    write_file(str(newest), pickle.dumps(Planted(marker)), RANKS, version)
     code, out = run(launcher("--checkpoint-dir", str(folder), "--max-restarts", "2"),
                     timeout=120, env={"RABIT_ENGINE": "robust"})
     assert code != 0, out[-6000:]

@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("xgboost")
 
 from .._proc import ROOT, _kill_tree, rabit_run, run  # noqa: E402
+from .._planted import Planted  # noqa: E402
 
 
 PROGRAM = [sys.executable, "tests/programs/xgboost_train.py"]
@@ -251,16 +252,6 @@ def test_an_error_in_one_ranks_data_ends_the_job_with_its_message():
     assert sorted(map(int, others)) == [0, 1, 3], out[-6000:]
 
 
-class _Planted:
-    """A pickle that would run a shell command when loaded."""
-
-    def __init__(self, command: str) -> None:
-        self.command = command
-
-    def __reduce__(self):
-        return (os.system, (self.command,))
-
-
 def test_a_planted_callbacks_pickle_runs_nothing_and_is_refused(tmp_path):
     # Issue 32, Note [callbacks are data]: the checkpointed training state
     # carries the callbacks as a pickle of their own. One planted in a
@@ -287,7 +278,7 @@ def test_a_planted_callbacks_pickle_runs_nothing_and_is_refused(tmp_path):
     blob, world = read_file(str(newest), version)
     state = pickle.loads(blob)                      # the test's own file
     assert state.next_round == 4
-    planted = dataclasses.replace(state, callbacks=pickle.dumps([_Planted(f"touch {marker}")]))
+    planted = dataclasses.replace(state, callbacks=pickle.dumps([Planted(marker)]))
     write_file(str(newest), pickle.dumps(planted), world, version)
     code, out = job(6, "--max-restarts", "1", "--restart-delay", "0")
     assert code != 0, out[-6000:]

@@ -14,6 +14,7 @@ from rabit_py.errors import CheckpointError, KVStoreError
 from rabit_py.kvstore import KVStore, create
 from rabit_py.kvstore.optimizer import SGD, Adam
 
+from .._planted import Planted
 from ._fakes import FakeDeviceArray
 from .conftest import WORLD, same_on_all_ranks
 
@@ -199,14 +200,6 @@ def test_optimizer_states_saved_and_loaded(kv, tmp_path):
         again.close()
 
 
-class _Planted:
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_a_planted_optimizer_states_file_runs_nothing(kv, tmp_path):
     # Note [checkpoints are data] in rabit_py/_unpickle.py: the file is read
     # on rank 0 as data; every rank raises, naming what it would have run.
@@ -214,7 +207,7 @@ def test_a_planted_optimizer_states_file_runs_nothing(kv, tmp_path):
     marker = path + ".ran"
     if RANK == 0:
         with open(path, "wb") as f:
-            pickle.dump({"format": "rabit_py-optimizer-states/1", "states": _Planted(marker)}, f)
+            pickle.dump({"format": "rabit_py-optimizer-states/1", "states": Planted(marker)}, f)
     WORLD.Barrier()
     kv.set_optimizer(Adam(learning_rate=0.01))
     with pytest.raises(CheckpointError, match=f"names {os.system.__module__}.system, which is "
