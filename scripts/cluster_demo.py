@@ -312,11 +312,17 @@ def reference(ranks: int, rounds: int) -> Tuple[Dict[int, dict], float]:
 
 
 def run_scenario(hosts: Hosts, name: str, ranks: int, rounds: int,
-                 timeout: float = 300) -> dict:
-    """Run one scenario; returns its record (status, seconds, results, output)."""
+                 timeout: float = 300, program: Optional[Sequence[str]] = None,
+                 cue: str = "ROUND 2 done") -> dict:
+    """Run one scenario; returns its record (status, seconds, results, output).
+
+    ``program`` (default: bsp_train.py for ``rounds`` rounds) prints ``START``
+    and ``RESULT`` lines as bsp_train.py does; the failure comes at the first
+    output line that starts with ``cue``."""
     options: List[str] = []
     env = dict(JOB_ENV)
-    program = [*PROGRAM, "--rounds", str(rounds), "--sleep", "0.5"]
+    program = (list(program) if program is not None
+               else [*PROGRAM, "--rounds", str(rounds), "--sleep", "0.5"])
     last = hosts.names[1]
     if name in ("kill-host", "kill-rank", "kill-twice", "freeze-host", "stop-rank",
                 "hang-rank"):
@@ -346,7 +352,7 @@ def run_scenario(hosts: Hosts, name: str, ranks: int, rounds: int,
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(victim, signal.SIGKILL)
                 lines.append(f"cluster_demo: killed rank {ranks - 2} (pid {victim})\n")
-        if line.startswith("ROUND 2 done") and not done.is_set():
+        if line.startswith(cue) and not done.is_set():
             done.set()
             if name in ("kill-rank", "kill-twice"):
                 victim = pids.get(ranks - 1)

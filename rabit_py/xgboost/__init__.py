@@ -82,7 +82,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
 
 from .. import api
 from ._rounds import BoostState, Interval, callback_names, initial_state
-from ._session import DataFn, Session, Tracker, without_repeated_task_lines
+from ._session import DataFn, Session, Tracker, host_address, without_repeated_task_lines
 from ..errors import TrainingError
 from ..ops import Op
 
@@ -137,7 +137,11 @@ def train(params: Mapping[str, Any], X: Any, y: Any = None, num_boost_round: int
         max_failed_attempts: XGBoost failures in a row, with no lost rank,
             before the job gives up.
         tracker_host: address of rank 0 that the other ranks reach; default
-            ``127.0.0.1`` when all ranks share a host, else XGBoost's choice.
+            ``127.0.0.1`` when all ranks share a host, else the address that
+            rank 0's host name resolves to, if it is one of that host's own
+            (Note [tracker address]), else XGBoost's choice (a route to the
+            outside). XGBoost's tracker and workers listen on ports the
+            system picks: the job's hosts must reach each other on TCP.
 
     Returns:
         The trained ``xgboost.Booster``, with the same saved bytes on every
@@ -306,7 +310,8 @@ class _Trainer:
         plan = self._plan
         mine = None
         if self._rank == 0:
-            host = plan.tracker_host or ("127.0.0.1" if single_host else None)
+            # Note [tracker address] in _session.py
+            host = plan.tracker_host or ("127.0.0.1" if single_host else host_address())
             try:
                 self._tracker = Tracker(self._size, host, plan.timeout)
                 mine = self._tracker.args

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import ipaddress
 import logging
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 import time
@@ -202,12 +204,54 @@ class HangGuard:
                 return
 
 
+# Note [tracker address]
+# XGBoost's tracker, given no address, takes the source address of a route to
+# the outside (a UDP "connect" to a public address): on a cluster's private
+# network, which has no such route, it fails before the first round ("Failed
+# to find IP address ... Network is unreachable"), and where it has one, the
+# address may be one that the other hosts do not reach. The job's hosts reach
+# each other by their names (a hostfile, Slurm's node list, ssh all use
+# them), so rank 0's tracker listens on the address its host name resolves
+# to, if that address is this host's own (it can be bound) and not loopback
+# (Debian maps a host's name to 127.0.1.1); else XGBoost's guess, whose
+# failure then names ``tracker_host``.
+
+def host_address() -> Optional[str]:
+    """The IPv4 address this host's name resolves to, if it is one of this
+    host's own addresses and not a loopback one; None if there is none
+    (Note [tracker address])."""
+    try:
+        found = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET,
+                                   socket.SOCK_STREAM)
+    except OSError:
+        return None
+    for *_, (address, _port) in found:
+        if ipaddress.ip_address(address).is_loopback:
+            continue
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.bind((address, 0))
+        except OSError:
+            continue            # not an address of this host (a stale name entry)
+        return address
+    return None
+
+
 class Tracker:
     """Rank 0's XGBoost tracker for one session."""
 
-    def __init__(self, n_workers: int, host: str, timeout: int) -> None:
-        self._tracker: Optional[RabitTracker] = RabitTracker(
-            n_workers=n_workers, host_ip=host, port=0, sortby="task", timeout=timeout)
+    def __init__(self, n_workers: int, host: Optional[str], timeout: int) -> None:
+        try:
+            self._tracker: Optional[RabitTracker] = RabitTracker(
+                n_workers=n_workers, host_ip=host, port=0, sortby="task", timeout=timeout)
+        except XGBoostError as exc:
+            if host is not None:
+                raise
+            raise XGBoostError(
+                f"{str(exc).strip()}\nXGBoost found no address for its tracker: rank 0's host "
+                f"name ({socket.gethostname()}) does not resolve to an address of this host "
+                f"(Note [tracker address]); pass tracker_host= the address of rank 0 that the "
+                f"other hosts reach") from exc
         self._tracker.start()
         self.args: Dict[str, Any] = dict(self._tracker.worker_args())
 
