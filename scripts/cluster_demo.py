@@ -217,6 +217,10 @@ class Hosts:
             stale.down()
 
     # ------------------------------------------------------------ using
+    def address(self, host: str) -> str:
+        """``host``'s address (reachable only inside the hosts)."""
+        return f"{self._net}.{self.names.index(host) + 1}"
+
     def pids(self, host: str) -> List[int]:
         """The processes running in ``host``'s network namespace."""
         out = subprocess.run(["ip", "netns", "pids", host], capture_output=True,

@@ -43,6 +43,7 @@ from ._hosts import host_list, reachable_hosts
 from ._processes import forwarded
 from ._restarts import MAX_WAIT_S, run_with_restarts
 from ._setup import setup_problem
+from ._slurm import allocation, node_failure_warning
 from ._supervisor import STATUS_DIR_VARIABLE
 
 __all__ = ["main", "find_mpirun", "build_command", "split_args", "host_list",
@@ -68,7 +69,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.checkpoint_dir:
         env["RABIT_CHECKPOINT_DIR"] = os.path.abspath(args.checkpoint_dir)
     one_node = on_one_node(passthrough)
-    problem = None if args.dry_run else setup_problem(program, env, one_node)
+    problem = None if args.dry_run else setup_problem(program, env, one_node,
+                                                         srun=args.launcher == "srun")
     if problem is not None:
         print(f"rabit-run: the job cannot start: {problem}; nothing was started",
               file=sys.stderr)
@@ -93,10 +95,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (OSError, IndexError) as exc:
         print(f"rabit-run: cannot read the host list: {exc}", file=sys.stderr)
         return 2
+    hosts = found[2] if found else None
+    nodes = (allocation(env) if args.launcher == "mpirun" and hosts is None and not one_node
+             else None)
+    if nodes is not None:
+        # Note [slurm nodes] in _slurm.py
+        print(node_failure_warning(env, nodes), file=sys.stderr, flush=True)
     launch = Launch(cmd, args.np, args.stall_timeout,
                      private_dirs=args.launcher == "mpirun" and one_node,
                      status_parent=status_parent, forward_env=args.launcher == "mpirun",
-                     processes=args.np + args.spares, hosts=found[2] if found else None,
+                     processes=args.np + args.spares, hosts=nodes or hosts,
+                     slurm=nodes is not None,
                      program_words=len(program), quiet_banners=not args.mpi_banners)
     return run_with_restarts(launch, args.max_restarts, args.restart_delay, env)
 

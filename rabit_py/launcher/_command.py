@@ -282,7 +282,8 @@ def launch_agent(cmd: Sequence[str], env: Dict[str, str]) -> List[str]:
     """The command that Open MPI's rsh launcher runs to reach another host
     (``AGENT HOST COMMAND``): ``--mca plm_rsh_agent`` (or ``--prtemca``) in
     the mpirun command ``cmd``, else ``OMPI_MCA_plm_rsh_agent`` /
-    ``PRTE_MCA_plm_rsh_agent`` in ``env``, else ``ssh`` (PRRTE's default,
+    ``PRTE_MCA_plm_rsh_agent`` in ``env``, else inside a Slurm allocation
+    (``SLURM_JOB_ID``) an ``srun`` step on that node, else ``ssh`` (PRRTE's default,
     ``ssh : rsh``, takes the first that exists). rabit-run ends a rank on
     another host through it, as PRRTE reaches that host (Note [hung ranks]
     in ``engine/_watchdog.py``)."""
@@ -292,6 +293,10 @@ def launch_agent(cmd: Sequence[str], env: Dict[str, str]) -> List[str]:
             value = cmd[i + 2]
     if value is None:
         value = env.get("PRTE_MCA_plm_rsh_agent") or env.get("OMPI_MCA_plm_rsh_agent")
+    if value is None and env.get("SLURM_JOB_ID") and shutil.which("srun"):
+        # Inside a Slurm allocation PRRTE reaches the nodes with srun, and so
+        # does this: ``AGENT HOST COMMAND`` runs COMMAND there as a step.
+        return ["sh", "-c", 'exec srun --overlap --quiet -N1 -n1 -w "$0" sh -c "$1"']
     for choice in (value or "ssh : rsh").split(":"):
         words = shlex.split(choice)
         if words and (os.path.isabs(words[0]) or shutil.which(words[0])):
@@ -333,6 +338,10 @@ class Launch:
     quiet_banners: bool = True           # Note [quiet banners] in _output.py
     processes: int = 0                   # ranks and spares
     hosts: Optional[List[Tuple[str, Optional[int]]]] = None    # (host, slots) in order
+    slurm: bool = False                  # hosts: the Slurm allocation's nodes (_slurm.py)
+    # Set for each attempt's mpirun on top of rabit-run's environment (a
+    # narrowed Slurm node list, Note [slurm nodes] in _slurm.py).
+    env: Dict[str, str] = dataclasses.field(default_factory=dict)
     program_words: int = 0               # the program and its arguments end ``cmd``
 
     def options(self) -> List[str]:

@@ -1,6 +1,7 @@
 """The host list of a job on several hosts: reading it from the mpirun
 options, probing the hosts after a failed attempt, and leaving the lost ones
-out of the next (Note [several hosts] in ``_command.py``)."""
+out of the next (Note [several hosts] in ``_command.py``; for a Slurm
+allocation's nodes, Note [slurm nodes] in ``_slurm.py``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ._command import Launch
+from ._slurm import narrowed_environment, reachable_nodes
 
 __all__ = ["PROBE_TIMEOUT_S", "host_list", "reachable_hosts", "leave_out_lost_hosts"]
 
@@ -95,7 +97,9 @@ def leave_out_lost_hosts(launch: Launch, folder: str) -> Optional[str]:
     be restarted (not slots enough), else None."""
     if not launch.hosts or len(launch.hosts) < 2:
         return None
-    answers = reachable_hosts(launch.options(), [h for h, _ in launch.hosts])
+    names = [h for h, _ in launch.hosts]
+    answers = (reachable_nodes(names, {**os.environ, **launch.env}, PROBE_TIMEOUT_S)
+               if launch.slurm else reachable_hosts(launch.options(), names))
     lost = [h for h, ok in answers.items() if not ok]
     if not lost:
         return None
@@ -105,11 +109,21 @@ def leave_out_lost_hosts(launch: Launch, folder: str) -> Optional[str]:
                     and "--oversubscribe" not in launch.cmd):
         return (f"host(s) {', '.join(lost)} cannot be reached, and the hosts left "
                 f"({', '.join(h for h, _ in left) or 'none'}) have {slots or 0} slot(s) for "
-                f"{launch.processes} process(es): add hosts to the list, or restart with "
-                f"fewer ranks (possible with checkpoints that have no local models)")
-    print(f"rabit-run: host(s) {', '.join(lost)} cannot be reached (a one-process mpirun "
-          f"there failed or did not answer within {PROBE_TIMEOUT_S:g} s); the next attempt runs on "
+                f"{launch.processes} process(es): "
+                + ("make the allocation with room for a lost node (more tasks than ranks: "
+                   "salloc -N 3 -n 6 and rabit-run -n 4)" if launch.slurm else
+                   "add hosts to the list")
+                + ", or restart with fewer ranks (possible with checkpoints that have no "
+                  "local models)")
+    probe = "srun of one process" if launch.slurm else "a one-process mpirun"
+    print(f"rabit-run: host(s) {', '.join(lost)} cannot be reached ({probe} there failed or did "
+          f"not answer within {PROBE_TIMEOUT_S:g} s); the next attempt runs on "
           f"{', '.join(h for h, _ in left)}", file=sys.stderr, flush=True)
+    if launch.slurm:
+        # Note [slurm nodes]: mpirun takes the nodes from Slurm's variables.
+        launch.env.update(narrowed_environment([(h, s or 1) for h, s in left]))
+        launch.hosts = left
+        return None
     hostfile = os.path.join(folder, f"hostfile-{len(os.listdir(folder))}")
     with open(hostfile, "w") as f:
         f.writelines(f"{h}{f' slots={s}' if s else ''}\n" for h, s in left)

@@ -58,7 +58,7 @@ def run_with_restarts(launch: Launch, max_restarts: int, delay: float,
     try:
         while True:
             began = time.monotonic()
-            outcome = _run(launch, {**env, "RABIT_RESTART_COUNT": str(attempt)})
+            outcome = _run(launch, {**env, **launch.env, "RABIT_RESTART_COUNT": str(attempt)})
             recoveries += outcome.recoveries
             replaced += outcome.replaced
             ended += outcome.ended

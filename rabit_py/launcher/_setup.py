@@ -20,7 +20,8 @@ _PYTHON = re.compile(r"python[0-9.]*$")
 _PYTHON_TAKES_VALUE = {"-W", "-X", "--check-hash-based-pycs"}
 
 
-def setup_problem(program: List[str], env: Dict[str, str], one_node: bool) -> Optional[str]:
+def setup_problem(program: List[str], env: Dict[str, str], one_node: bool,
+                  srun: bool = False) -> Optional[str]:
     """Why the job cannot start as given, or None.
 
     Args:
@@ -29,6 +30,7 @@ def setup_problem(program: List[str], env: Dict[str, str], one_node: bool) -> Op
         one_node: whether the job runs on this machine only (files and
             folders are then checked here; on several hosts they may exist
             on the others only).
+        srun: the ranks are started by Slurm's srun (``--launcher srun``).
     """
     try:
         with warnings.catch_warnings():
@@ -36,6 +38,12 @@ def setup_problem(program: List[str], env: Dict[str, str], one_node: bool) -> Op
             config = Config.from_env(env)
     except (TypeError, ValueError) as exc:
         return f"a setting is invalid: {exc}"
+    if srun and config.engine in ("robust", "mock"):
+        return (f"RABIT_ENGINE={config.engine} recovers in the job, which needs MPI fault "
+                f"tolerance (mpirun --with-ft ulfm), and srun starts the ranks without it: "
+                f"drop --launcher srun (rabit-run's mpirun runs inside the allocation and "
+                f"starts its daemons with srun), or leave RABIT_ENGINE unset for restarts "
+                f"from durable checkpoints only")
     if not one_node:
         return None
     folder = env.get("RABIT_CHECKPOINT_DIR")

@@ -140,10 +140,25 @@ def spawn_environment(environ: Dict[str, str], limit: int) -> str:
 # the same option (README, "Fault tolerance").
 
 
+# Note [spawn inside an allocation]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Inside a Slurm allocation PRRTE takes the slots Slurm gave as fixed and
+# counts a dead rank's slot as taken: with every slot of the allocation in
+# use (salloc -N 2 -n 4 and 4 ranks), the spawn of a replacement failed ("All
+# nodes which are allocated for this job are already filled") and so did
+# every repair after it. A spawn maps by slot and may oversubscribe
+# (``map_by slot:OVERSUBSCRIBE``): a node with a free slot still takes the
+# replacement first (a spare slot of the allocation, or another host of a
+# hostfile), and only when there is none does it share one, as the dead rank
+# did. Bits do not depend on where it runs (Note [fixed groups] in _shm.py).
+
+
 def spawn_info() -> "MPI.Info":
-    """The MPI info of a spawn: our working folder and environment."""
+    """The MPI info of a spawn: our working folder and environment, and
+    Note [spawn inside an allocation]."""
     info = MPI.Info.Create()
     info.Set("wdir", os.getcwd())
+    info.Set("map_by", "slot:OVERSUBSCRIBE")
     # The replacement is started by the MPI daemon, whose environment is not
     # ours: pass the import path and the settings explicitly (the rest of the
     # settings follow in JoinState.settings).
