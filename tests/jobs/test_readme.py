@@ -22,6 +22,9 @@ NOT_RUN_HERE = {
     'pip install -e ".[test]" && rabit-run -n 4 python scripts/demo.py':
         ".ci/run runs this set-up command itself, in a fresh virtualenv",
     "python -m pytest": "the test suite itself (.ci/run runs it)",
+    "rabit-run -n 4 --checkpoint-dir /shared/ckpt --max-restarts 3 -- python train.py":
+        "the README's sbatch script: it needs a Slurm allocation and a shared folder; "
+        "tests/jobs/test_slurm.py runs such a script with sbatch on a real Slurm",
 }
 
 
