@@ -38,6 +38,7 @@ whatever ``PYTHONDONTWRITEBYTECODE`` says.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -45,7 +46,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 from rabit_py.extras import require  # noqa: E402
@@ -236,54 +237,81 @@ def run_and_kill(command: List[str], env: Dict[str, str], cue: Optional[str],
 
 def xgboost_comparison(args: argparse.Namespace) -> Dict[str, object]:
     """rabit_py.xgboost's in-job recovery against XGBoost's restart of the
-    whole job, for the same kill (rank 1, in the middle of an interval)."""
-    import tempfile
-
+    whole job, for the same kill (rank 1, in the middle of an interval; with
+    ``--hosts``, the last rank, on the second of three namespace hosts)."""
     common = ["--rows", str(args.xgb_rows), "--rounds", str(args.xgb_rounds),
               "--every", str(args.xgb_every), "--quiet", "--print-pid"]
     kill_round = args.xgb_rounds // 2 + args.xgb_every // 2
     cue = f"ROUND 1 {kill_round} "
+    # On hosts (--hosts): 3 namespace hosts of 2 slots, the ranks filling
+    # the first two; the last rank, on the second host, is killed.
+    victim = args.ranks - 1 if args.hosts else 1
     result: Dict[str, object] = {"rows": args.xgb_rows, "rounds": args.xgb_rounds,
-                                 "every": args.xgb_every, "kill_round": kill_round}
-    for mode in ("rabit_py", "rabit_py_spare", "xgboost"):
-        walls, lost, to_progress, hangs = [], [], [], 0
-        for run in range(1 + args.runs):
-            with tempfile.TemporaryDirectory() as folder:
-                extra = ["--out", os.path.join(folder, "m.json")]
-                options: List[str] = []
-                env = {"RABIT_ENGINE": "robust"}
-                if mode == "rabit_py_spare":
-                    options = ["--spares", "1"]
-                if mode == "xgboost":
-                    extra += ["--xgboost-only", "--save-dir", folder]
-                    options = ["--max-restarts", "1", "--restart-delay", "0"]
-                    env = {"RABIT_ENGINE": "mpi"}
-                command = [sys.executable, "-m", "rabit_py.launcher", "-n", str(args.ranks),
-                           *options, "--", sys.executable, EXAMPLE, *common, *extra]
-                wall, out, killed_at = run_and_kill(command, env, cue if run else None, 1)
-            if not run:
-                walls.append(wall)
-                continue
-            after = [float(t) for r, t in re.findall(r"^ROUND 0 (\d+) ([\d.]+)", out, re.M)
-                     if int(r) > kill_round and float(t) > killed_at]
-            if not after:
-                raise SystemExit(f"no round after the kill ({mode}):\n{out[-4000:]}")
-            to_progress.append(after[0] - killed_at)
-            lost.append(wall - walls[0])
-            # Note [xgboost hang] in rabit_py/xgboost/_session.py: a survivor that
-            # XGBoost left hanging ends itself 3 s later and is replaced too.
-            hangs += "XGBoost's communication thread ended while" in out
-        result[mode] = {"failure_free_wall": walls[0],
-                        "kill_to_progress": statistics.median(to_progress),
-                        "time_lost": statistics.median(lost), "runs": len(lost),
-                        "kill_to_progress_runs": to_progress, "time_lost_runs": lost,
-                        "runs_with_an_xgboost_hang": hangs}
+                                 "every": args.xgb_every, "kill_round": kill_round,
+                                 "victim": victim, "hosts": bool(args.hosts)}
+    with contextlib.ExitStack() as stack:
+        hosts = None
+        if args.hosts:
+            from cluster_demo import Hosts
+            hosts = stack.enter_context(Hosts(3, 2))
+        for mode in ("rabit_py", "rabit_py_spare", "xgboost"):
+            result[mode] = _xgboost_mode(args, mode, common, cue, victim, kill_round, hosts)
     return result
 
 
+def _xgboost_mode(args: argparse.Namespace, mode: str, common: List[str], cue: str,
+                  victim: int, kill_round: int, hosts: Any) -> Dict[str, object]:
+    """One column of :func:`xgboost_comparison`: a failure-free run, then
+    ``args.runs`` runs with the kill."""
+    import tempfile
+
+    walls, lost, to_progress, hangs = [], [], [], 0
+    for run in range(1 + args.runs):
+        # Across hosts the folders must be on the filesystem every host sees.
+        with tempfile.TemporaryDirectory(dir=hosts.shared if hosts else None) as folder:
+            extra = ["--out", os.path.join(folder, "m.json")]
+            options: List[str] = []
+            env = {"RABIT_ENGINE": "robust"}
+            if hosts is not None and mode != "xgboost":
+                # Open MPI's repair across hosts can fail (Note [several
+                # hosts]): the restart it then takes needs the folder.
+                options = ["--checkpoint-dir", os.path.join(folder, "ckpt"),
+                           "--max-restarts", "1", "--restart-delay", "0"]
+            if mode == "rabit_py_spare":
+                options += ["--spares", "1"]
+            if mode == "xgboost":
+                extra += ["--xgboost-only", "--save-dir", folder]
+                options = ["--max-restarts", "1", "--restart-delay", "0"]
+                env = {"RABIT_ENGINE": "mpi"}
+            program = [sys.executable, EXAMPLE, *common, *extra]
+            command = (hosts.rabit_run(args.ranks, program, *options) if hosts is not None
+                       else [sys.executable, "-m", "rabit_py.launcher", "-n", str(args.ranks),
+                             *options, "--", *program])
+            wall, out, killed_at = run_and_kill(command, env, cue if run else None, victim)
+        if not run:
+            walls.append(wall)
+            continue
+        after = [float(t) for r, t in re.findall(r"^ROUND 0 (\d+) ([\d.]+)", out, re.M)
+                 if int(r) > kill_round and float(t) > killed_at]
+        if not after:
+            raise SystemExit(f"no round after the kill ({mode}):\n{out[-4000:]}")
+        to_progress.append(after[0] - killed_at)
+        lost.append(wall - walls[0])
+        # Note [xgboost hang] in rabit_py/xgboost/_session.py: a survivor that
+        # XGBoost left hanging ends itself 3 s later and is replaced too.
+        hangs += "XGBoost's communication thread ended while" in out
+    return {"failure_free_wall": walls[0],
+            "kill_to_progress": statistics.median(to_progress),
+            "time_lost": statistics.median(lost), "runs": len(lost),
+            "kill_to_progress_runs": to_progress, "time_lost_runs": lost,
+            "runs_with_an_xgboost_hang": hangs}
+
+
 def print_xgboost(result: Dict[str, object], ranks: int) -> None:
-    print(f"\nreal XGBoost, {ranks} workers, {result['rows']} rows, {result['rounds']} rounds, "
-          f"a save every {result['every']}; rank 1 killed at round {result['kill_round']} "
+    where = ("across 3 namespace hosts (2 slots each), " if result.get("hosts") else "")
+    print(f"\nreal XGBoost, {ranks} workers {where}{result['rows']} rows, {result['rounds']} "
+          f"rounds, a save every {result['every']}; rank {result.get('victim', 1)} killed at "
+          f"round {result['kill_round']} "
           f"(median of {result['rabit_py']['runs']} runs, seconds)")
     print(f"{'':>18}{'rabit_py':>10}{'+spare':>10}{'xgboost':>10}{'xgboost/rabit_py':>18}"
           f"{'xgboost/spare':>15}")
@@ -425,6 +453,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--json", default="bench-results/recovery.json")
     parser.add_argument("--plot", nargs="?", const="bench-results/recovery.png")
     parser.add_argument("--xgboost", action="store_true", help="only the XGBoost comparison")
+    parser.add_argument("--hosts", action="store_true",
+                        help="the XGBoost comparison across three namespace hosts (root)")
     parser.add_argument("--before", metavar="REV",
                         help="only the recovery steps, of this tree and of git revision REV "
                              "(checked out in a temporary worktree), runs alternating")

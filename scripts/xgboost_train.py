@@ -23,8 +23,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import socket
 import sys
 import time
+import zlib
+
+import numpy as np
 
 from rabit_py.extras import require
 
@@ -85,9 +89,17 @@ def train_xgboost_only(args: argparse.Namespace, X, y, Xv, yv) -> xgboost.Booste
     """Plain XGBoost distributed training, resuming from the user's last save."""
     rank, world = rabit.get_rank(), rabit.get_world_size()
     tracker = None
+    # Across hosts the tracker must listen where the others reach rank 0:
+    # the address of its host name (XGBoost's own guess needs a route to the
+    # outside, which a cluster's private network may lack).
+    host = np.array([zlib.crc32(socket.gethostname().encode())] * 2, dtype=np.int64)
+    host[1] = -host[1]
+    rabit.allreduce(host, rabit.Op.MAX)
+    one_host = host[0] == -host[1]
     if rank == 0:
-        tracker = xgboost.tracker.RabitTracker(n_workers=world, host_ip="127.0.0.1",
-                                               sortby="task", timeout=60)
+        tracker = xgboost.tracker.RabitTracker(
+            n_workers=world, sortby="task", timeout=60,
+            host_ip="127.0.0.1" if one_host else socket.gethostbyname(socket.gethostname()))
         tracker.start()
     worker_args = rabit.broadcast(tracker.worker_args() if tracker else None, 0)
     path = os.path.join(args.save_dir, "model.json")
