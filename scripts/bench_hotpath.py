@@ -4,7 +4,7 @@ revision, side by side in one run.
     python scripts/bench_hotpath.py --before HEAD~5 [--json out.json] [--plot out.png]
 
 For each engine and signature-check setting (plain/robust, check off/on) it
-starts ``rabit-run -n 2`` jobs that time 20,000 calls of each small
+starts ``rabit-run -n 2`` jobs that time 20,000 calls (``--calls``) of each small
 collective -- an allreduce and a broadcast of 8 bytes, an allgather of one
 float64 per rank -- (a ``lazy_checkpoint`` every 10 calls, as a training loop
 checkpoints every round; best of 5 repetitions) and raw mpi4py's
@@ -34,7 +34,7 @@ import sys, time
 import numpy as np
 from mpi4py import MPI
 import rabit_py as rabit
-engine, check = sys.argv[1], sys.argv[2] == "on"
+engine, check, calls = sys.argv[1], sys.argv[2] == "on", int(sys.argv[3])
 rabit.init(engine=engine, check=check)
 rabit.load_checkpoint()
 comm = MPI.COMM_WORLD
@@ -66,10 +66,10 @@ def raw_allgather(n):
     for _ in range(n):
         comm.Allgather(one, gathered)
 for fn in (allreduce, raw_allreduce, broadcast, raw_broadcast, allgather, raw_allgather):
-    fn(2000)
+    fn(calls // 10)
     times = []
     for _ in range(5):
-        t = time.perf_counter(); fn(20000); times.append((time.perf_counter() - t) / 20000)
+        t = time.perf_counter(); fn(calls); times.append((time.perf_counter() - t) / calls)
     if rabit.get_rank() == 0:
         print(f"{fn.__name__.upper()} {min(times) * 1e6:.3f}", flush=True)
 rabit.finalize()
@@ -79,11 +79,12 @@ rabit.finalize()
 CALLS = ("allreduce", "broadcast", "allgather")
 
 
-def measure(tree: str, engine: str, check: str, program: str) -> Dict[str, Dict[str, float]]:
+def measure(tree: str, engine: str, check: str, program: str,
+            calls: int = 20000) -> Dict[str, Dict[str, float]]:
     """Per call: (us per rabit call, us per raw call) of one job on ``tree``."""
     env = {**os.environ, "PYTHONPATH": tree}
     out = subprocess.run([sys.executable, "-m", "rabit_py.launcher", "-n", "2", "--",
-                          sys.executable, program, engine, check],
+                          sys.executable, program, engine, check, str(calls)],
                          env=env, cwd=tree, capture_output=True, text=True, timeout=600)
     found = dict(re.findall(r"^((?:RAW_)?[A-Z]+) ([\d.]+)$", out.stdout, re.M))
     if len(found) != 2 * len(CALLS):
@@ -97,6 +98,8 @@ def main(argv: List[str] | None = None) -> int:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--before", required=True, help="the git revision to compare with")
     parser.add_argument("--runs", type=int, default=3, help="jobs per tree and setting")
+    parser.add_argument("--calls", type=int, default=20000,
+                        help="calls timed per repetition (fewer: a quicker, noisier run)")
     parser.add_argument("--json", default="bench-results/hotpath.json")
     parser.add_argument("--plot", nargs="?", const="bench-results/hotpath.png",
                         help="draw the table as bars to this PNG")
@@ -119,7 +122,8 @@ def main(argv: List[str] | None = None) -> int:
                     results[f"{call}, {setting}"] = {"before": [], "after": []}
                 for run in range(args.runs):
                     for name, tree in trees.items():
-                        for call, times in measure(tree, engine, check, program).items():
+                        measured = measure(tree, engine, check, program, args.calls)
+                        for call, times in measured.items():
                             results[f"{call}, {setting}"][name].append(times)
                         print(f"  {setting}, {name}, run {run + 1}/{args.runs}", flush=True)
         finally:

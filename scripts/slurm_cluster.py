@@ -3,7 +3,7 @@ namespace hosts of ``cluster_demo.Hosts``.
 
     sudo "$(command -v python)" scripts/slurm_cluster.py
         [--hosts 3] [--cpus 2] [--scenario all|salloc|sbatch|kill-rank|lose-node|srun]
-        [--json out.json]
+        [--xgboost] [--json out.json]
 
 Each host runs its own ``slurmd`` (its own hostname, spool folder and log,
 ``-N`` its node name); the first host runs ``slurmctld`` and is where users
@@ -26,7 +26,12 @@ with a failure-free run on this machine alone):
   every process of a node holding ranks SIGKILLed and its network cut:
   rabit-run restarts from the durable checkpoint on the nodes Slurm still
   has (Note [slurm nodes] in ``rabit_py/launcher/_hosts.py``);
-- ``srun``: ``rabit-run --launcher srun`` (Slurm's own launch, PMIx).
+- ``srun``: ``rabit-run --launcher srun`` (Slurm's own launch, PMIx), a
+  rank killed: no in-job recovery there, a restart from the checkpoint.
+
+``--xgboost`` runs real XGBoost through ``rabit_py.xgboost.train``
+(``tests/programs/xgboost_train.py``) instead, compared with the booster
+bytes of a one-machine run.
 
 Needs root, the namespace tools of ``cluster_demo`` and Debian's
 ``slurmctld``, ``slurmd``, ``slurm-client`` and ``munge``. Everything it
@@ -215,12 +220,16 @@ SCENARIOS = ("salloc", "sbatch", "kill-rank", "lose-node", "srun")
 
 
 def run_scenario(slurm: SlurmCluster, name: str, ranks: int, rounds: int,
-                 timeout: float = 240) -> dict:
+                 timeout: float = 240, program: Optional[Sequence[str]] = None,
+                 cue: str = "ROUND 2 done") -> dict:
     """Run one scenario (see the module's docstring) as a cluster user would,
     from the login node; returns its record (status, seconds, results,
-    output)."""
+    output). ``program`` (default: bsp_train.py for ``rounds`` rounds)
+    prints ``START`` and ``RESULT`` lines as bsp_train.py does; the failure
+    comes at the first output line that starts with ``cue``."""
     hosts = slurm.hosts
-    program = [*cluster_demo.PROGRAM, "--rounds", str(rounds), "--sleep", "0.3"]
+    program = (list(program) if program is not None
+               else [*cluster_demo.PROGRAM, "--rounds", str(rounds), "--sleep", "0.3"])
     run = [sys.executable, "-m", "rabit_py.launcher", "-n", str(ranks),
            "--checkpoint-dir", str(hosts.shared / f"ckpt-{name}"), "--max-restarts", "2",
            "--restart-delay", "0.5"]
@@ -253,7 +262,7 @@ def run_scenario(slurm: SlurmCluster, name: str, ranks: int, rounds: int,
         if line.startswith("START "):
             start = json.loads(line[6:])
             pids[start["rank"]] = start["pid"]
-        if line.startswith("ROUND 2 done") and not done:
+        if line.startswith(cue) and not done:
             done.append(True)
             if name in ("kill-rank", "srun"):
                 victim = pids.get(ranks - 1)
@@ -286,21 +295,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--scenario", default="all", choices=("all",) + SCENARIOS)
+    parser.add_argument("--xgboost", action="store_true",
+                        help="run real XGBoost (tests/programs/xgboost_train.py) instead")
     parser.add_argument("--json", help="write the records here")
     args = parser.parse_args(argv)
     ok, why = can_make_cluster()
     if not ok:
         print(f"slurm_cluster.py: {why}", file=sys.stderr)
         return 2
-    reference, _ = cluster_demo.reference(args.ranks, args.rounds)
+    program: Optional[List[str]] = None
+    cue, key = "ROUND 2 done", "model"
+    if args.xgboost:
+        program = [sys.executable, str(cluster_demo.ROOT / "tests" / "programs" /
+                                       "xgboost_train.py"),
+                   "--rounds", str(args.rounds), "--rows", "8000", "--sleep", "0.3",
+                   "--timeout", "20"]
+        cue, key = "ROUND 0 2", "sha"
+        done = subprocess.run([sys.executable, "-m", "rabit_py.launcher", "-n",
+                               str(args.ranks), "--", *program], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, **cluster_demo.JOB_ENV})
+        reference = cluster_demo._results(done.stdout)
+    else:
+        reference, _ = cluster_demo.reference(args.ranks, args.rounds)
     records = []
     for name in SCENARIOS if args.scenario == "all" else (args.scenario,):
         # A fresh cluster each: lose-node leaves one node dead.
         with Hosts(args.hosts, args.cpus) as hosts, SlurmCluster(hosts, args.cpus) as slurm:
-            record = run_scenario(slurm, name, args.ranks, args.rounds)
+            record = run_scenario(slurm, name, args.ranks, args.rounds, program=program,
+                                  cue=cue)
         same = (record["status"] == 0 and sorted(record["results"]) == sorted(reference)
-                and all(record["results"][r]["model"] == reference[r]["model"]
-                        for r in reference))
+                and all(record["results"][r][key] == reference[r][key] for r in reference))
         record["bitwise"] = same
         records.append(record)
         print(f"{name:10s} exit {record['status']}  {record['seconds']:5.1f} s  "

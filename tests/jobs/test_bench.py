@@ -109,7 +109,7 @@ def test_bench_kvstore_times_every_mode(tmp_path):
 def test_bench_hotpath_compares_two_trees_for_every_setting(tmp_path):
     out_json = tmp_path / "hotpath.json"
     code, out = run([sys.executable, "scripts/bench_hotpath.py", "--before", "HEAD",
-                     "--runs", "1", "--json", str(out_json)], timeout=300)
+                     "--runs", "1", "--calls", "1000", "--json", str(out_json)], timeout=300)
     assert code == 0, out
     assert "small calls (8-byte allreduce and broadcast" in out, out
     result = json.loads(out_json.read_text())

@@ -66,3 +66,45 @@ def test_a_job_under_a_real_slurm_gives_the_one_machine_bits(reference, scenario
         # durable checkpoint.
         assert "restart 1 of 2" in out and "resumed from durable checkpoint" in out, \
             out[-6000:]
+
+
+# Issue 33: real XGBoost under Slurm (Note [tracker address] in
+# rabit_py/xgboost/_session.py: the tracker listens where the other nodes
+# reach rank 0).
+XGBOOST = [sys.executable, "tests/programs/xgboost_train.py", "--rounds", "8", "--rows", "8000",
+           "--sleep", "0.3", "--timeout", "20"]
+
+
+@pytest.fixture(scope="module")
+def xgboost_reference():
+    pytest.importorskip("xgboost")
+    from .._proc import run
+    code, out = run([sys.executable, "-m", "rabit_py.launcher", "-n", str(RANKS), "--",
+                     *XGBOOST], timeout=180, env=cluster_demo.JOB_ENV)
+    assert code == 0, out[-3000:]
+    results = cluster_demo._results(out)
+    assert sorted(results) == list(range(RANKS)), out[-3000:]
+    return results[0]["sha"]
+
+
+# kill-rank only in CI: a node lost costs XGBoost the same restart as the job
+# above (and test_hosts.py's XGBoost kill-host); `python
+# scripts/slurm_cluster.py --xgboost --scenario lose-node` runs it.
+@pytest.mark.parametrize("scenario", ["kill-rank"])
+def test_fault_tolerant_xgboost_under_a_real_slurm_gives_the_one_machine_booster(
+        xgboost_reference, scenario):
+    with cluster_demo.Hosts(3, 2) as hosts, slurm_cluster.SlurmCluster(hosts) as slurm:
+        record = slurm_cluster.run_scenario(slurm, scenario, RANKS, 0, timeout=200,
+                                            program=XGBOOST, cue="ROUND 0 2")
+        first, second, third = hosts.names
+    out = record["output"]
+    assert record["status"] == 0, out[-6000:]
+    assert sorted(record["results"]) == list(range(RANKS)), out[-6000:]
+    for rank, result in record["results"].items():
+        assert (result["sha"], result["rounds"]) == (xgboost_reference, 8), \
+            f"rank {rank}:\n{out[-6000:]}"
+    if scenario == "kill-rank":
+        assert f"replaced rank(s) [{RANKS - 1}]" in out, out[-6000:]
+    else:
+        assert f"the next attempt runs on {first}, {third}" in out, out[-6000:]
+        assert "resumed from durable checkpoint" in out, out[-6000:]
