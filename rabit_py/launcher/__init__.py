@@ -155,8 +155,9 @@ def print_plan(cmd: List[str], args: Any, env: Dict[str, str], status_parent: Op
                      "failure (MPI_ABORT was invoked ...) are left out of the job's stderr "
                      "(--mpi-banners shows them)")
     if not one_node:
-        lines.append("hosts: after a failed attempt each host of the list is probed; hosts "
-                     "that do not answer are left out of the next attempt"
+        lines.append("hosts: after a failed attempt each host of the list (or node of the "
+                     "Slurm allocation, with srun) is probed; hosts that do not answer are "
+                     "left out of the next attempt"
                      + ("" if status_parent else "; the status folder is on this machine "
                         "only: give --checkpoint-dir or --status-dir on a shared filesystem"))
     print("\n".join(f"# {line}" for line in lines))

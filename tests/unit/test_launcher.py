@@ -292,7 +292,8 @@ def test_hostfile_is_passed_to_mpirun_and_slurm_gives_the_rank_count(monkeypatch
     out = capsys.readouterr().out
     line = out.splitlines()[0].split()
     assert line[line.index("--hostfile") + 1] == "hosts.txt" and line[-2:] == ["python", "t.py"]
-    assert "# hosts: after a failed attempt each host of the list is probed" in out
+    assert "# hosts: after a failed attempt each host of the list (or node of the Slurm " \
+           "allocation, with srun) is probed" in out
     monkeypatch.setenv("SLURM_NTASKS", "3")
     assert launcher.main(["--dry-run", "python", "t.py"]) == 0
     assert " -n 3 " in capsys.readouterr().out
