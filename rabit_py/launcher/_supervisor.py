@@ -114,7 +114,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Set, Tuple
 
-from ._command import launch_agent
+from ._command import agent_name, launch_agent
 from ._output import BannerFilter, pump
 from ._processes import descendants, forwarded, is_stopped, kill_tree, start_time
 from .._status import (ABORT, BUG, SETUP, STATUS_DIR_VARIABLE, Report, job_done,
@@ -418,7 +418,8 @@ class Attempt:
             failed = str(exc)
         who = f"rank {rank} (pid {pid} on host {host}) {why}"
         if failed is None:
-            self._ended(label, f"{who}; killed it there through the launch agent ({agent[0]}), "
+            self._ended(label, f"{who}; killed it there through the launch agent "
+                               f"({agent_name(agent)}), "
                                f"so that the job replaces it in place")
             return
         self._say(f"rabit-run: {who}; the launch agent ({' '.join(agent)}) could not reach "

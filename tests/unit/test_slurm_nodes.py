@@ -5,12 +5,13 @@ the narrowed Slurm variables; srun as the launch agent inside an allocation;
 commands are stand-ins here; tests/jobs/test_slurm.py runs a real Slurm."""
 
 import os
+import subprocess
 
 import pytest
 
 from rabit_py import launcher
 from rabit_py.launcher import _slurm
-from rabit_py.launcher._command import Launch, launch_agent
+from rabit_py.launcher._command import Launch, agent_name, launch_agent
 from rabit_py.launcher._hosts import leave_out_lost_hosts
 
 
@@ -109,6 +110,13 @@ def test_inside_an_allocation_a_rank_on_another_node_is_reached_with_srun(
     fake_tool(tmp_path, "srun", "exit 0\n", monkeypatch)
     agent = launch_agent(["mpirun", "-n", "2", "x"], {"SLURM_JOB_ID": "7"})
     assert agent[:2] == ["sh", "-c"] and "srun --overlap" in agent[2]
+    assert agent_name(agent) == "srun"
+    # AGENT HOST COMMAND: srun runs COMMAND on HOST.
+    log = tmp_path / "srun-args"
+    fake_tool(tmp_path, "srun", f'echo "$*" > {log}\n', monkeypatch)
+    subprocess.run([*agent, "n2", "kill -KILL 123"], check=True)
+    assert log.read_text().split() == ["--overlap", "--quiet", "-N1", "-n1", "-w", "n2", "sh",
+                                       "-c", "kill", "-KILL", "123"]
     # An rsh agent the user gave still wins.
     rsh = fake_tool(tmp_path, "myrsh", "exit 0\n", monkeypatch)
     assert launch_agent(["mpirun", "--mca", "plm_rsh_agent", str(rsh), "-n", "2", "x"],
