@@ -88,7 +88,29 @@ def can_make_hosts() -> Tuple[bool, str]:
     return True, ""
 
 
-class Hosts:
+class Made:
+    """Something made on entry (``_up``) and removed on exit (``down``), also
+    when making it fails half-way."""
+
+    def __enter__(self):
+        try:
+            self._up()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    def _up(self) -> None:
+        raise NotImplementedError
+
+    def down(self) -> None:
+        raise NotImplementedError
+
+
+class Hosts(Made):
     """``count`` namespace hosts on a bridge (a context manager: made on
     entry, removed on exit).
 
@@ -112,17 +134,6 @@ class Hosts:
         self._made: List[str] = []
 
     # ------------------------------------------------------------ making
-    def __enter__(self) -> "Hosts":
-        try:
-            self._up()
-        except BaseException:
-            self.down()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.down()
-
     def _ip(self, *args: str) -> None:
         subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
@@ -303,10 +314,22 @@ def _reader(proc: "subprocess.Popen[str]", lines: List[str],
 JOB_ENV = {"RABIT_ENGINE": "robust", "RABIT_SHM_MIN_BYTES": "1", "RABIT_TIMEOUT": "30"}
 
 
-def reference(ranks: int, rounds: int) -> Tuple[Dict[int, dict], float]:
-    """The failure-free run on this machine alone."""
-    cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", str(ranks), "--", *PROGRAM,
-           "--rounds", str(rounds), "--sleep", "0.5"]      # as the scenarios (timings)
+def xgboost_program(rounds: int) -> List[str]:
+    """Real XGBoost through rabit_py.xgboost (tests/programs/xgboost_train.py),
+    slow enough per round that a kill lands inside training; its RESULT
+    lines carry the booster's sha256."""
+    return [sys.executable, str(ROOT / "tests" / "programs" / "xgboost_train.py"),
+            "--rounds", str(rounds), "--rows", "8000", "--sleep", "0.3", "--timeout", "20"]
+
+
+def reference(ranks: int, rounds: int,
+              program: Optional[Sequence[str]] = None) -> Tuple[Dict[int, dict], float]:
+    """The failure-free run on this machine alone: of ``program`` (default:
+    bsp_train.py for ``rounds`` rounds); its RESULT lines by rank, and its
+    seconds."""
+    if program is None:
+        program = [*PROGRAM, "--rounds", str(rounds), "--sleep", "0.5"]  # as the scenarios
+    cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", str(ranks), "--", *program]
     start = time.monotonic()
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, **JOB_ENV})

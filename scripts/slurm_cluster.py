@@ -77,7 +77,7 @@ def can_make_cluster() -> Tuple[bool, str]:
     return True, ""
 
 
-class SlurmCluster:
+class SlurmCluster(cluster_demo.Made):
     """Slurm over ``hosts`` (a context manager: started on entry, stopped and
     removed on exit).
 
@@ -98,17 +98,6 @@ class SlurmCluster:
         self.env = {"SLURM_CONF": str(self.conf)}
 
     # ------------------------------------------------------------ making
-    def __enter__(self) -> "SlurmCluster":
-        try:
-            self._up()
-        except BaseException:
-            self.down()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.down()
-
     def _up(self) -> None:
         hosts = self.hosts
         for folder in (self.folder, self._munge, self.folder / "state", self.folder / "spool"):
@@ -306,17 +295,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     program: Optional[List[str]] = None
     cue, key = "ROUND 2 done", "model"
     if args.xgboost:
-        program = [sys.executable, str(cluster_demo.ROOT / "tests" / "programs" /
-                                       "xgboost_train.py"),
-                   "--rounds", str(args.rounds), "--rows", "8000", "--sleep", "0.3",
-                   "--timeout", "20"]
+        program = cluster_demo.xgboost_program(args.rounds)
         cue, key = "ROUND 0 2", "sha"
-        done = subprocess.run([sys.executable, "-m", "rabit_py.launcher", "-n",
-                               str(args.ranks), "--", *program], capture_output=True,
-                              text=True, timeout=300, env={**os.environ, **cluster_demo.JOB_ENV})
-        reference = cluster_demo._results(done.stdout)
-    else:
-        reference, _ = cluster_demo.reference(args.ranks, args.rounds)
+    reference, _ = cluster_demo.reference(args.ranks, args.rounds, program)
     records = []
     for name in SCENARIOS if args.scenario == "all" else (args.scenario,):
         # A fresh cluster each: lose-node leaves one node dead.

@@ -12,9 +12,10 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ._command import Launch
-from ._slurm import narrowed_environment, reachable_nodes
+from ._slurm import narrowed_environment, srun_probe
 
-__all__ = ["PROBE_TIMEOUT_S", "host_list", "reachable_hosts", "leave_out_lost_hosts"]
+__all__ = ["PROBE_TIMEOUT_S", "host_list", "reachable_hosts", "probe_all",
+           "leave_out_lost_hosts"]
 
 
 PROBE_TIMEOUT_S = 15.0
@@ -74,11 +75,18 @@ def reachable_hosts(cmd: Sequence[str], hosts: Sequence[str],
                     timeout: float = PROBE_TIMEOUT_S) -> Dict[str, bool]:
     """Probe every host at once (Note [several hosts]): whether MPI can
     start a process there."""
+    return probe_all({h: _probe_command(cmd, h) for h in hosts}, timeout)
+
+
+def probe_all(commands: Dict[str, List[str]], timeout: float,
+              env: Optional[Dict[str, str]] = None) -> Dict[str, bool]:
+    """Run each host's probe command at once; whether each exited 0 within
+    ``timeout`` (those still running then are ended)."""
     from ._supervisor import kill_tree
 
-    procs = {h: subprocess.Popen(_probe_command(cmd, h), stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL, start_new_session=True)
-             for h in hosts}
+    procs = {h: subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+             for h, command in commands.items()}
     deadline = time.monotonic() + timeout
     answers: Dict[str, bool] = {}
     for host, proc in procs.items():
@@ -98,7 +106,8 @@ def leave_out_lost_hosts(launch: Launch, folder: str) -> Optional[str]:
     if not launch.hosts or len(launch.hosts) < 2:
         return None
     names = [h for h, _ in launch.hosts]
-    answers = (reachable_nodes(names, {**os.environ, **launch.env}, PROBE_TIMEOUT_S)
+    answers = (probe_all({n: srun_probe(n) for n in names}, PROBE_TIMEOUT_S,
+                         {**os.environ, **launch.env})
                if launch.slurm else reachable_hosts(launch.options(), names))
     lost = [h for h, ok in answers.items() if not ok]
     if not lost:

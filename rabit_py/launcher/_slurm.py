@@ -30,10 +30,9 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["task_counts", "allocation", "reachable_nodes", "narrowed_environment",
+__all__ = ["task_counts", "allocation", "srun_probe", "narrowed_environment",
            "node_failure_warning"]
 
 _SLURM_NODE_VARIABLES = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -75,26 +74,10 @@ def allocation(environ: Mapping[str, str]) -> Optional[List[Tuple[str, int]]]:
     return list(zip(names, counts))
 
 
-def reachable_nodes(nodes: Sequence[str], environ: Mapping[str, str],
-                    timeout: float) -> Dict[str, bool]:
-    """Whether Slurm can start a process on each of ``nodes`` now (Note
-    [slurm nodes]): ``srun`` of ``true`` on each, all at once."""
-    from ._supervisor import kill_tree
-
-    procs = {node: subprocess.Popen(
-        ["srun", "--overlap", "-N1", "-n1", "-w", node, "--quiet", "true"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        env=dict(environ)) for node in nodes}
-    deadline = time.monotonic() + timeout
-    answers: Dict[str, bool] = {}
-    for node, proc in procs.items():
-        try:
-            answers[node] = proc.wait(timeout=max(0.0, deadline - time.monotonic())) == 0
-        except subprocess.TimeoutExpired:
-            answers[node] = False
-        kill_tree(proc.pid)
-        proc.wait()
-    return answers
+def srun_probe(node: str) -> List[str]:
+    """The command that tells whether Slurm can start a process on ``node``
+    now (Note [slurm nodes]); ``_hosts.probe_all`` runs it for every node."""
+    return ["srun", "--overlap", "-N1", "-n1", "-w", node, "--quiet", "true"]
 
 
 def narrowed_environment(nodes: Sequence[Tuple[str, int]]) -> Dict[str, str]:

@@ -147,18 +147,14 @@ def test_hosts_left_by_a_killed_run_are_removed_by_the_next():
 # that rank 0's host name resolves to (Note [tracker address] in
 # rabit_py/xgboost/_session.py): these hosts, like a cluster's private
 # network, have no route to the outside, where XGBoost looks for one.
-XGBOOST = [sys.executable, "tests/programs/xgboost_train.py", "--rounds", "8", "--rows", "8000",
-           "--sleep", "0.3", "--timeout", "20"]
+XGBOOST = cluster_demo.xgboost_program(8)
 
 
 @pytest.fixture(scope="module")
 def xgboost_reference():
     pytest.importorskip("xgboost")
-    code, out = run([sys.executable, "-m", "rabit_py.launcher", "-n", str(RANKS), "--",
-                     *XGBOOST], timeout=180, env=cluster_demo.JOB_ENV)
-    assert code == 0, out[-3000:]
-    results = cluster_demo._results(out)
-    assert sorted(results) == list(range(RANKS)), out[-3000:]
+    results = cluster_demo.reference(RANKS, 8, XGBOOST)[0]
+    assert sorted(results) == list(range(RANKS)), results
     return results[0]
 
 

@@ -71,19 +71,14 @@ def test_a_job_under_a_real_slurm_gives_the_one_machine_bits(reference, scenario
 # Issue 33: real XGBoost under Slurm (Note [tracker address] in
 # rabit_py/xgboost/_session.py: the tracker listens where the other nodes
 # reach rank 0).
-XGBOOST = [sys.executable, "tests/programs/xgboost_train.py", "--rounds", "8", "--rows", "8000",
-           "--sleep", "0.3", "--timeout", "20"]
+XGBOOST = cluster_demo.xgboost_program(8)
 
 
 @pytest.fixture(scope="module")
 def xgboost_reference():
     pytest.importorskip("xgboost")
-    from .._proc import run
-    code, out = run([sys.executable, "-m", "rabit_py.launcher", "-n", str(RANKS), "--",
-                     *XGBOOST], timeout=180, env=cluster_demo.JOB_ENV)
-    assert code == 0, out[-3000:]
-    results = cluster_demo._results(out)
-    assert sorted(results) == list(range(RANKS)), out[-3000:]
+    results = cluster_demo.reference(RANKS, 8, XGBOOST)[0]
+    assert sorted(results) == list(range(RANKS)), results
     return results[0]["sha"]
 
 
