@@ -263,15 +263,9 @@ class _Cuts:
         self.dtype = np.uint8 if self.width <= 256 else np.uint16
         self.n_edges = np.array([e.size for e in edges], dtype=np.int64)
 
-    def bin(self, X: np.ndarray) -> np.ndarray:
-        """Binned features, one contiguous row per feature: shape (F, n)."""
-        out = np.empty((X.shape[1], X.shape[0]), dtype=self.dtype)
-        for f, edges in enumerate(self.edges):
-            col = X[:, f]
-            b = np.searchsorted(edges, col, side="right")
-            b[np.isnan(col)] = self.missing
-            out[f] = b
-        return out
+    def bin(self, X: np.ndarray, kernels: Any) -> np.ndarray:
+        """``X``'s bins in the layout of ``kernels``."""
+        return kernels.binned(self.edges, self.missing, self.dtype, X)
 
 
 def _sketch(X: np.ndarray, offset: int, n_total: int, max_bin: int, seed: int) -> _Cuts:
@@ -472,27 +466,7 @@ class _Grower:
     def _best_splits(self, G: np.ndarray, H: np.ndarray, Gt: np.ndarray, Ht: np.ndarray,
                      features: np.ndarray) -> List[tuple]:
         """Per node: (gain, local feature index, bin, default_left)."""
-        lam, mcw = self.lam, self.mcw
-        GL = np.cumsum(G[..., :-1], axis=-1)
-        HL = np.cumsum(H[..., :-1], axis=-1)
-        Gm, Hm = G[..., -1:], H[..., -1:]
-        Gt3, Ht3 = Gt[:, None, None], Ht[:, None, None]
-        parent = Gt ** 2 / (Ht + lam)
-        valid = self.valid[features][None]
-        gains = []
-        for gl, hl in ((GL, HL), (GL + Gm, HL + Hm)):          # missing right, then left
-            gr, hr = Gt3 - gl, Ht3 - hl
-            ok = valid & (hl >= mcw) & (hr >= mcw) & (hl > 0) & (hr > 0)
-            gain = gl ** 2 / (hl + lam) + gr ** 2 / (hr + lam) - parent[:, None, None]
-            gains.append(np.where(ok, gain, -np.inf))
-        both = np.stack(gains, axis=1)                          # (S, 2, F', B-1)
-        flat = both.reshape(both.shape[0], -1)
-        pick = np.argmax(flat, axis=1)
-        out = []
-        for i, p in enumerate(pick):
-            direction, f_local, b = np.unravel_index(p, both.shape[1:])
-            out.append((float(flat[i, p]), int(f_local), int(b), bool(direction == 1)))
-        return out
+        return self.kernels.best_splits(G, H, Gt, Ht, self.valid[features], self.lam, self.mcw)
 
     def _route(self, node_of_row: np.ndarray, tree: Dict[str, list],
                split_nodes: np.ndarray) -> None:
@@ -566,8 +540,8 @@ def train(params: Dict[str, Any], X: np.ndarray, y: np.ndarray, num_boost_round:
                                 if objective == "binary:logistic" else
                                 (0.5 if objective == "multi:softprob" else mean))
     kernels = get_kernels(hist_kernel)
-    bins = kernels.layout(cuts.bin(X))
-    eval_bins = [kernels.layout(cuts.bin(Xe)) for Xe, _, _ in checked_evals]
+    bins = cuts.bin(X, kernels)
+    eval_bins = [cuts.bin(Xe, kernels) for Xe, _, _ in checked_evals]
     grower = _Grower(bins, cuts, params, kernels)
 
     resume_key = [json.dumps(params, sort_keys=True), X.shape[1], n_total, num_boost_round,

@@ -45,7 +45,9 @@ def test_bench_trainers_runs_every_comparison(tmp_path):
     runs = result["gbdt"]
     assert {"rabit_py 1 rank", "rabit_py 2 ranks"} <= set(runs)
     assert runs["rabit_py 1 rank"]["auc"] == runs["rabit_py 2 ranks"]["auc"] > 0.6
-    assert result["ratios"]["speed-up 2 ranks vs 1"] > 0
+    assert result["ratios"]["speed-up 2 ranks vs 1 (steady)"] > 0
+    for row in runs.values():           # both fits of each run, side by side
+        assert row["first"] > 0 and row["steady"] > 0
     small = result["small"]
     assert small["breast_cancer"]["ours"] > 0.95 and small["digits"]["ours"] > 0.85
     assert abs(small["logistic"]["relative difference"]) < 1e-6
