@@ -348,7 +348,9 @@ class _Trainer:
             try:
                 session = self._session
                 with session.guard.inside(f"the training from round {state.next_round}"):
-                    return _DONE, self._plan.interval.run(state, session.train, session.evals)
+                    new, session.booster = self._plan.interval.run(
+                        state, session.train, session.evals, session.booster)
+                    return _DONE, new
             except Exception as exc:  # noqa: BLE001 - sorted below
                 error = exc
                 log.info("rank %d: XGBoost failed at round %d: %s", self._rank,

@@ -22,6 +22,20 @@ pickled with the model, and ``before_training`` runs once, at round 0, so
 that they see one uninterrupted run; the history is the evaluation log of
 every round so far.
 
+# Note [kept booster]
+Rebuilding the booster from bytes at every interval is not free: XGBoost
+predicts every tree of the model again on the training and evaluation rows
+(its prediction cache belongs to the old booster), so with
+``checkpoint_every=1`` the rebuilds alone grow with the square of the rounds
+(scripts/bench_xgboost.py). Where the parameters draw no random numbers
+(``gbtree`` with no ``subsample`` or ``colsample_*`` below 1: nothing for an
+unsaved generator to change), the booster that trained an interval trains
+the next one of the same session as it is, as one ``xgboost.train`` call
+would; the checkpoint's bytes are still saved at every interval. After a
+failure (a new session) it is rebuilt from the checkpoint, as before, and
+without sampling a rebuilt booster grows the same trees. With sampling,
+every interval is rebuilt (the note above).
+
 # Note [callbacks are data]
 The callbacks' pickle is part of the checkpoint, so a planted checkpoint
 file could name any function in it (Note [checkpoints are data] in
@@ -149,6 +163,17 @@ class Interval:
                 f"{where}the training callbacks in rabit_py.xgboost's checkpoint (round "
                 f"{state.next_round}) {exc.advice()}") from None
 
+    @property
+    def keeps_booster(self) -> bool:
+        """Whether a booster trains on from one interval to the next (Note
+        [kept booster]): the parameters draw no random numbers."""
+        params = self.params
+        if str(params.get("booster", "gbtree")) != "gbtree":
+            return False
+        return all(float(params.get(name, 1.0)) >= 1.0
+                   for name in ("subsample", "colsample_bytree", "colsample_bylevel",
+                                "colsample_bynode"))
+
     def booster(self, state: BoostState, train: xgboost.DMatrix,
                 evals: Sequence[Tuple[xgboost.DMatrix, str]]) -> xgboost.Booster:
         """The model of ``state``, ready to train its next interval."""
@@ -159,15 +184,25 @@ class Interval:
         return booster
 
     def run(self, state: BoostState, train: xgboost.DMatrix,
-            evals: Sequence[Tuple[xgboost.DMatrix, str]]) -> BoostState:
+            evals: Sequence[Tuple[xgboost.DMatrix, str]],
+            kept: Optional[xgboost.Booster] = None
+            ) -> Tuple[BoostState, Optional[xgboost.Booster]]:
         """Train from ``state`` to the end of its interval (or until a
-        callback stops) and return the new state. Collective inside XGBoost.
+        callback stops) and return the new state, and the booster to train
+        the next interval of this session with (Note [kept booster]; None:
+        rebuild it). Collective inside XGBoost.
+
+        Args:
+            kept: what the previous interval of this session returned.
 
         Raises:
             XGBoostError: XGBoost failed (a lost peer, or a genuine error).
         """
         callbacks = self.callbacks_of(state)
-        booster = self.booster(state, train, evals)
+        keep = self.keeps_booster
+        rebuilt = not (keep and kept is not None
+                       and kept.num_boosted_rounds() == state.next_round)
+        booster = self.booster(state, train, evals) if rebuilt else kept
         container = CallbackContainer(callbacks, metric=self.custom_metric,
                                       output_margin=callable(self.obj))
         container.history = copy.deepcopy(state.history)
@@ -185,9 +220,11 @@ class Interval:
             if container.after_iteration(booster, i, train, list(evals)):
                 stopped = True
                 break
-        booster.set_param({"seed": self.seed})
-        return BoostState(done, bytes(booster.save_raw("ubj")), _pickle_callbacks(callbacks),
-                          container.history, stopped)
+        if rebuilt:                     # its seed was moved for the interval
+            booster.set_param({"seed": self.seed})
+        new = BoostState(done, bytes(booster.save_raw("ubj")), _pickle_callbacks(callbacks),
+                         container.history, stopped)
+        return new, (booster if keep else None)
 
     def finish(self, state: BoostState) -> xgboost.Booster:
         """The trained booster: the callbacks' ``after_training`` applied (as

@@ -298,6 +298,9 @@ class Session:
                  build_evals: Sequence[Tuple[str, DataFn]]) -> None:
         self._context: Optional[collective.CommunicatorContext] = None
         self.guard: Optional[HangGuard] = None
+        #: The booster that trains this session's next interval (Note [kept
+        #: booster] in _rounds.py), None to rebuild it from the checkpoint.
+        self.booster: Optional[xgboost.Booster] = None
         context = collective.CommunicatorContext(
             **args, dmlc_task_id=task_id(rank), dmlc_timeout=timeout, dmlc_retry=retry)
         before = thread_ids()
@@ -323,6 +326,7 @@ class Session:
         """Leave XGBoost's communicator; errors from lost peers are only logged."""
         guard, self.guard = self.guard, None
         context, self._context = self._context, None
+        self.booster = None
         try:
             if context is not None:
                 with quiet_xgboost(), (guard.inside("leaving XGBoost's communicator")

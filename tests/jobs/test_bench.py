@@ -54,6 +54,24 @@ def test_bench_trainers_runs_every_comparison(tmp_path):
     assert abs(small["kmeans"]["relative difference"]) < 1e-3
 
 
+def test_bench_xgboost_compares_with_plain_xgboost(tmp_path):
+    pytest.importorskip("xgboost")
+    out_json = tmp_path / "xgb.json"
+    code, out = run([sys.executable, "scripts/bench_xgboost.py", "--ranks", "2", "--rows",
+                     "4000", "--rounds", "6", "--every", "1,4", "--repeats", "2", "--json",
+                     str(out_json)], timeout=300)
+    assert code == 0, out
+    summary = json.loads(out_json.read_text())["jobs"]["2"]["summary"]
+    assert set(summary) == {"xgboost.train", "rabit_py every 1", "rabit_py every 4"}
+    for name, row in summary.items():
+        # No sampling: ours grows XGBoost's trees (Note [kept booster]).
+        assert row["same_predictions"] is True, (name, out)
+        assert 0 < row["min"] <= row["median"] <= row["max"]
+    assert summary["rabit_py every 4"]["lost_per_failure_s"] > 0
+    assert summary["rabit_py every 1"]["lost_per_failure_s"] == 0
+    assert "vs xgboost" in out
+
+
 def test_make_data_writes_shards_that_join_up(tmp_path):
     import numpy as np
 

@@ -27,11 +27,11 @@ def test_require_names_the_extra():
 
 @pytest.mark.parametrize("script", ["bench_collectives", "bench_kvstore", "bench_overlap",
                                     "bench_recovery", "bench_trainers", "bench_hotpath",
-                                    "bench_no_checkpoint"])
+                                    "bench_no_checkpoint", "bench_xgboost"])
 def test_benchmarks_check_matplotlib_before_the_work(script):
     # matplotlib made unimportable (a None entry in sys.modules): the script
     # must stop at once with the extra's name, not after minutes of work.
-    plot = ["--plot"] if script == "bench_trainers" else ["--plot", "x.png"]
+    plot = ["--plot"] if script in ("bench_trainers", "bench_xgboost") else ["--plot", "x.png"]
     if script == "bench_hotpath":
         plot += ["--before", "HEAD"]
     env_code = (f"import sys, runpy; sys.modules['matplotlib'] = None; "
