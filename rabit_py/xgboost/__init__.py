@@ -128,7 +128,8 @@ def train(params: Mapping[str, Any], X: Any, y: Any = None, num_boost_round: int
         num_boost_round: rounds in all.
         evals: ``(X, y, name)`` or ``(function, name)`` per evaluation set.
         checkpoint_every: rounds per checkpoint (a lost rank costs at most
-            this many rounds; each checkpoint rebuilds the booster from bytes).
+            this many rounds; with row or column sampling each checkpoint
+            also rebuilds the booster from its bytes, Note [kept booster]).
         dmatrix_kwargs: more arguments for ``xgboost.DMatrix`` (``weight``,
             ``missing``, ...) when ``X`` and the evaluation sets are data.
         timeout: seconds XGBoost waits for a peer (its ``dmlc_timeout``, and

@@ -298,8 +298,8 @@ class Session:
                  build_evals: Sequence[Tuple[str, DataFn]]) -> None:
         self._context: Optional[collective.CommunicatorContext] = None
         self.guard: Optional[HangGuard] = None
-        #: The booster that trains this session's next interval (Note [kept
-        #: booster] in _rounds.py), None to rebuild it from the checkpoint.
+        #: The booster that trains this session's next interval, None to
+        #: rebuild it from the checkpoint (Note [kept booster] in _rounds.py).
         self.booster: Optional[xgboost.Booster] = None
         context = collective.CommunicatorContext(
             **args, dmlc_task_id=task_id(rank), dmlc_timeout=timeout, dmlc_retry=retry)
