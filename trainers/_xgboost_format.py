@@ -43,6 +43,9 @@ _OBJECTIVE_PARAMS = {
 }
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def _number(x: float) -> str:
     # XGBoost writes its parameters as strings; repr round-trips the float.
     return repr(float(x))
@@ -68,7 +71,9 @@ def _tree(tree: Dict[str, np.ndarray], tree_id: int, n_features: int) -> Dict[st
         "loss_changes": [0.0] * n,
         "parents": [int(v) for v in parents],
         "right_children": [int(v) if v >= 0 else -1 for v in right],
-        "split_conditions": [float(v) for v in conditions],
+        # Note [missing-only child] in gbdt.py: +inf, above every float32
+        # value XGBoost reads, is written as float32's largest (JSON has no inf).
+        "split_conditions": [float(min(v, _FLOAT32_MAX)) for v in conditions],
         "split_indices": [int(f) if not l else 0 for f, l in zip(tree["feature"], leaf)],
         "split_type": [0] * n,
         "sum_hessian": [0.0] * n,

