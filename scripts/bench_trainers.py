@@ -2,6 +2,7 @@
 
     python scripts/bench_trainers.py                 # 1M x 28 GBDT, 100 rounds
     python scripts/bench_trainers.py --rows 200000 --rounds 20 --plot
+    sudo python scripts/bench_trainers.py --hosts --skip-small    # 4 ranks on 2 hosts too
 
 GBDT (ours on 1 and 2 ranks) vs XGBoost ``tree_method="hist"`` (1 and 2
 threads) on the HIGGS-like synthetic task: held-out AUC and training time
@@ -121,15 +122,20 @@ def logistic_set():
 
 
 # ---------------------------------------------------------------- the driver
-def run_ours(ranks: int, mode: str, args: argparse.Namespace) -> Dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
+def run_ours(ranks: int, mode: str, args: argparse.Namespace,
+             hosts: Any = None) -> Dict[str, Any]:
+    """One job of the worker; ``hosts``: across ``cluster_demo.Hosts``."""
+    with tempfile.TemporaryDirectory(dir=hosts.shared if hosts is not None else None) as tmp:
         result = os.path.join(tmp, "result.json")
         program = [sys.executable, os.path.abspath(__file__), "--worker", mode,
                    "--result", result, "--rows", str(args.rows), "--rounds", str(args.rounds),
                    "--depth", str(args.depth), "--max-bin", str(args.max_bin),
                    "--seed", str(args.seed), "--kernel", args.kernel]
-        cmd = program if ranks == 1 else [sys.executable, "-m", "rabit_py.launcher", "-n",
-                                           str(ranks), "--", *program]
+        if hosts is not None:
+            cmd = hosts.rabit_run(ranks, program)
+        else:
+            cmd = program if ranks == 1 else [sys.executable, "-m", "rabit_py.launcher", "-n",
+                                               str(ranks), "--", *program]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
         subprocess.run(cmd, check=True, cwd=ROOT, env=env, timeout=3600)
         with open(result) as f:
@@ -161,6 +167,9 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("--kernel", default="auto", help="hist_kernel: auto, numba or numpy")
     parser.add_argument("--no-xgboost", action="store_true", help="skip the XGBoost columns")
     parser.add_argument("--skip-small", action="store_true", help="only the large GBDT run")
+    parser.add_argument("--hosts", action="store_true",
+                        help="also 4 ranks on one host and across two namespace hosts of 2 "
+                             "slots (root; the hosts share this machine's cores)")
     parser.add_argument("--json", default="bench-results/bench_trainers.json")
     parser.add_argument("--plot", action="store_true")
     parser.add_argument("--worker", choices=["gbdt", "small"], help=argparse.SUPPRESS)
@@ -190,19 +199,28 @@ def main(argv: list | None = None) -> int:
     runs = report["gbdt"]
     runs["rabit_py 1 rank"] = run_ours(1, "gbdt", args)
     runs["rabit_py 2 ranks"] = run_ours(2, "gbdt", args)
+    if args.hosts:
+        from cluster_demo import Hosts
+
+        runs["rabit_py 4 ranks"] = run_ours(4, "gbdt", args)
+        with Hosts(2, 2) as hosts:
+            runs["rabit_py 4 ranks, 2 hosts"] = run_ours(4, "gbdt", args, hosts)
     if have_xgb:
         X, y = make_higgs_like(args.rows, seed=args.seed)
         Xt, yt = make_higgs_like(HELD_OUT, seed=args.seed, start=args.rows)
         runs["xgboost 1 thread"] = run_xgboost(1, args, X, y, Xt, yt)
         runs["xgboost 2 threads"] = run_xgboost(2, args, X, y, Xt, yt)
         del X, y
-    print(f"{'run':<22}{'first fit s':>12}{'steady s':>10}{'first/steady':>14}{'AUC':>10}")
+    print(f"{'run':<28}{'first fit s':>12}{'steady s':>10}{'first/steady':>14}{'AUC':>10}")
     for name, r in runs.items():
-        print(f"{name:<22}{r['first']:>12.2f}{r['steady']:>10.2f}"
+        print(f"{name:<28}{r['first']:>12.2f}{r['steady']:>10.2f}"
               f"{r['first'] / r['steady']:>14.3f}{r['auc']:>10.5f}")
     ours1, ours2 = runs["rabit_py 1 rank"], runs["rabit_py 2 ranks"]
     ratios = {"speed-up 2 ranks vs 1 (steady)": ours1["steady"] / ours2["steady"],
               "first fit / steady, 1 rank": ours1["first"] / ours1["steady"]}
+    if args.hosts:
+        ratios["4 ranks on 2 hosts vs 4 on one (steady)"] = (
+            runs["rabit_py 4 ranks, 2 hosts"]["steady"] / runs["rabit_py 4 ranks"]["steady"])
     if have_xgb:
         xgb1, xgb2 = runs["xgboost 1 thread"], runs["xgboost 2 threads"]
         for which in ("first", "steady"):
