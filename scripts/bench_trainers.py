@@ -2,7 +2,7 @@
 
     python scripts/bench_trainers.py                 # 1M x 28 GBDT, 100 rounds
     python scripts/bench_trainers.py --rows 200000 --rounds 20 --plot
-    sudo python scripts/bench_trainers.py --hosts --skip-small    # 4 ranks on 2 hosts too
+    python scripts/bench_trainers.py --hosts --skip-small    # as root: 4 ranks on 2 hosts too
 
 GBDT (ours on 1 and 2 ranks) vs XGBoost ``tree_method="hist"`` (1 and 2
 threads) on the HIGGS-like synthetic task: held-out AUC and training time
