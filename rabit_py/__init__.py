@@ -8,8 +8,8 @@ from ._version import __version__
 from .api import (abort, allgather, allreduce, broadcast, checkpoint, engine_info, finalize,
                   get_processor_name, get_rank, get_world_size, init, is_distributed,
                   is_initialized,
-                  lazy_checkpoint, load_checkpoint, select_device, session, tracker_print,
-                  version_number)
+                  lazy_checkpoint, load_checkpoint, select_device, server_comm, session,
+                  tracker_print, version_number)
 from .errors import (CheckpointError, CollectiveMismatchError, CollectiveTimeoutError,
                      KVStoreError, NotInitializedError, RabitError, RecoveryError,
                      TrainingError, UnsupportedCallError)
@@ -23,7 +23,7 @@ __all__ = [
     "allreduce", "broadcast", "allgather", "Op", "CustomOp",
     "MAX", "MIN", "SUM", "PROD", "BITOR", "BITAND", "BITXOR",
     "checkpoint", "lazy_checkpoint", "load_checkpoint", "version_number",
-    "tracker_print", "abort", "select_device", "engine_info",
+    "tracker_print", "abort", "select_device", "engine_info", "server_comm",
     "RabitError", "NotInitializedError", "CollectiveMismatchError",
     "CollectiveTimeoutError", "RecoveryError", "CheckpointError", "KVStoreError",
     "TrainingError", "UnsupportedCallError",

@@ -17,13 +17,14 @@ from .engine import create as create_engine
 from .engine.base import (BROADCAST, CheckpointResult, Engine, EngineInfo, PrepareFn, Resources,
                           Transport)
 from .errors import NotInitializedError, RabitError
+from ._servers import say_goodbye
 from .ops import OpLike
 
 __all__ = ["init", "finalize", "get_rank", "get_world_size", "is_distributed",
            "get_processor_name", "allreduce", "broadcast", "allgather", "checkpoint",
            "lazy_checkpoint", "load_checkpoint", "version_number", "tracker_print",
            "session", "abort", "is_initialized", "select_device", "engine_info",
-           "resources"]
+           "resources", "server_comm"]
 
 log = logging.getLogger("rabit_py")
 
@@ -126,7 +127,11 @@ def finalize() -> None:
     global _engine
     engine, _engine = _engine, None
     if engine is not None:
-        engine.finalize()
+        try:
+            engine.finalize()
+        finally:
+            if engine.server_link is not None:
+                say_goodbye(engine.server_link, engine.config.servers)
 
 
 @contextlib.contextmanager
@@ -193,6 +198,19 @@ def engine_info() -> EngineInfo:
         NotInitializedError: before ``rabit_py.init()``.
     """
     return _current().info()
+
+
+def server_comm() -> Optional[Any]:
+    """The mpi4py communicator that reaches the job's parameter-server
+    processes, or None in a job without them (Note [server processes] in
+    ``rabit_py/_servers.py``): all processes, the workers first (ranks 0 ..
+    W-1, as in the job), then the servers; point-to-point use only, on the
+    KVStore's protocol (``rabit_py.kvstore``). Not collective.
+
+    Raises:
+        NotInitializedError: before ``rabit_py.init()``.
+    """
+    return _current().server_link
 
 
 def resources() -> Resources:

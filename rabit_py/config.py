@@ -79,6 +79,11 @@ class Config:
             processes and sets it). The last ``spares`` processes of
             ``MPI.COMM_WORLD`` wait inside ``init()``; the job's world size is
             the rest. Robust engine only (Note [spares] in ``engine/_spares.py``).
+        servers: parameter-server processes beside the workers (``RABIT_SERVERS``,
+            default 0; ``rabit-run --servers S`` starts them and sets it): the
+            last ``servers`` processes of ``MPI.COMM_WORLD`` run
+            ``rabit_py.kvstore.server`` and the job's world size is the rest
+            (Note [server processes] in ``rabit_py/_servers.py``).
         recovery_timeout: seconds one in-job repair may take (survivors
             shrinking, spawning and merging, a replacement joining, spares
             rebuilding) before the job is ended for a restart from the durable
@@ -136,6 +141,7 @@ class Config:
     shm_keep_min_bytes: int = 1 << 20
     node_size: int = 0
     spares: int = 0
+    servers: int = 0
     recovery_timeout: float = 30.0
     crash_loop: int = 3
     cache_budget: int = 0
@@ -184,7 +190,8 @@ class Config:
             raise TypeError(f"shm={self.shm!r} must be a bool")
         for name in ("replicas", "max_recoveries", "restart_count", "shm_min_bytes",
                      "shm_keep_min_bytes",
-                     "node_size", "result_copies", "spares", "crash_loop", "cache_budget"):
+                     "node_size", "result_copies", "spares", "servers", "crash_loop",
+                     "cache_budget"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r} must be an integer >= 0")

@@ -46,6 +46,7 @@ def create(config: "Config", comm: Optional[Any] = None,
 
     from ..errors import RabitError
     from ._startup import ulfm_enabled
+    from .base import Engine
     from .mpi import MpiEngine
 
     name = config.engine
@@ -63,13 +64,50 @@ def create(config: "Config", comm: Optional[Any] = None,
             f"RABIT_SPARES={config.spares}: spares replace failed ranks, which only the robust "
             f"engine does; launch the job with fault tolerance (`rabit-run --spares "
             f"{config.spares} -n N python ...`) or set RABIT_SPARES=0")
+    link = None
+    if config.servers:
+        comm, link = _split_off_servers(config, comm, name)
     if name == "mock":
         from .mock import MockEngine
-        return MockEngine(config, comm, device_transports=device_transports)
-    if name == "robust":
+        engine: Engine = MockEngine(config, comm, device_transports=device_transports)
+    elif name == "robust":
         from .robust import RobustEngine
-        return RobustEngine(config, comm, device_transports=device_transports)
-    return MpiEngine(config, comm, device_transports=device_transports)
+        engine = RobustEngine(config, comm, device_transports=device_transports)
+    else:
+        engine = MpiEngine(config, comm, device_transports=device_transports)
+    engine.server_link = link
+    return engine
+
+
+def _split_off_servers(config: "Config", comm: Optional[Any], name: str) -> tuple:
+    """The workers' communicator and the link to the servers (Note [server
+    processes] in ``rabit_py/_servers.py``)."""
+    from .._servers import WORKER, split_world
+    from .._status import Reporter
+    from ..errors import RabitError
+    from ._lifecycle import abort_init
+    from ._mpistart import MPI
+    from ._watchdog import deadline
+
+    if comm is not None:
+        raise ValueError(f"RABIT_SERVERS={config.servers}: the servers are the last processes "
+                         f"of MPI.COMM_WORLD; they cannot be used with init(comm=...)")
+    if config.spares:
+        raise RabitError(f"RABIT_SERVERS={config.servers} with RABIT_SPARES={config.spares}: "
+                         f"spares and server processes are not combined yet; drop one")
+    if name != "mpi":
+        from .recovery import is_replacement
+
+        if is_replacement():
+            raise RabitError("a replacement worker cannot reach the job's server processes "
+                             "(in-job recovery of a job with servers is not built yet): "
+                             "the job ends, and rabit-run --max-restarts starts it again")
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    with deadline(config.timeout, lambda _: abort_init(
+            world, Reporter.for_rank(config.run_status_dir, rank), rank, config.timeout),
+            "init"):
+        return split_world(world, config.servers, WORKER)
 
 
 def report_init_error(exc: BaseException, rank: int, every_rank: bool = False) -> None:

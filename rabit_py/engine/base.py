@@ -77,10 +77,13 @@ class Resources:
     pinned: Any = None
     #: the one communication thread of the bucketer, torch adapter and KVStore
     comm_thread: Any = None
+    #: the progress thread of the link to the server processes (the
+    #: server-backed KVStore's), once a store made it
+    server_client: Any = None
 
     def close(self, rank: int) -> None:
         """Close every resource (failures are logged: finalize goes on)."""
-        for field in ("nccl", "pinned", "comm_thread"):
+        for field in ("nccl", "pinned", "comm_thread", "server_client"):
             resource = getattr(self, field)
             if resource is None:
                 continue
@@ -139,6 +142,10 @@ class Engine(abc.ABC):
 
     Collective methods must be called by every rank in the same order.
     """
+
+    #: the communicator that reaches the job's server processes (Note
+    #: [server processes] in ``rabit_py/_servers.py``); None without servers
+    server_link: Optional[Any] = None
 
     @property
     @abc.abstractmethod

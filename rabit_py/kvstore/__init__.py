@@ -34,8 +34,9 @@ optimizer state as the job's global model; after a failure, the replacement
 calls :meth:`KVStore.load_checkpoint` and gets them back (Note [robust
 protocol] in ``engine/robust.py``).
 
-Asynchronous and bounded-delay consistency (``dist_async``, SSP) are out of
-scope: rabit_py is BSP by design.
+Asynchronous and bounded-delay consistency (``dist_async``, ``dist_ssp``)
+run on server processes instead: :class:`ServerKVStore` (Note
+[server-backed store] in ``_remote.py``), made by :func:`create`.
 
 Tier T3 of DESIGN.md ("Tiers"): a feature on the public API. It uses
 ``rabit_py.api``, ``rabit_py.ddp`` and tier T0 only, never an engine; its
@@ -57,12 +58,20 @@ from ..errors import CheckpointError, KVStoreError, NotInitializedError
 from .._arrays import is_device_array, to_host
 from ..ops import Op
 from .optimizer import Optimizer, Updater
+from ._remote import ASYNC_TYPES, ServerKVStore
 
-__all__ = ["KVStore", "create"]
+__all__ = ["KVStore", "ServerKVStore", "create"]
 
 _SYNC_TYPES = ("dist_sync", "dist_sync_device", "dist_device_sync")
-def create(name: str = "dist_sync", **kwargs: Any) -> "KVStore":
-    """A store of type ``name`` (MXNet's ``mx.kv.create``); see :class:`KVStore`."""
+
+
+def create(name: str = "dist_sync", **kwargs: Any) -> Union["KVStore", ServerKVStore]:
+    """A store of type ``name`` (MXNet's ``mx.kv.create``): ``"dist_sync"``
+    (BSP on allreduce, :class:`KVStore`), or on server processes
+    ``"dist_async"`` and ``"dist_ssp"`` (bounded delay, ``staleness=tau``;
+    :class:`ServerKVStore`)."""
+    if name in ASYNC_TYPES:
+        return ServerKVStore(name, **kwargs)
     return KVStore(name, **kwargs)
 
 
@@ -84,11 +93,12 @@ class KVStore:
     def __init__(self, kvtype: str = "dist_sync", bucket_cap_mb: float = 25.0,
                  first_bucket_mb: Optional[float] = None) -> None:
         if kvtype not in _SYNC_TYPES:
-            if kvtype.startswith("dist_async") or "async" in kvtype:
-                raise ValueError(f"kvtype={kvtype!r}: asynchronous stores are out of scope, "
-                                 f"rabit_py is BSP; use 'dist_sync'")
+            if kvtype in ASYNC_TYPES:
+                raise ValueError(f"kvtype={kvtype!r} runs on server processes: make it with "
+                                 f"rabit_py.kvstore.create({kvtype!r}) (a ServerKVStore)")
             raise ValueError(f"kvtype={kvtype!r}: use 'dist_sync' (with one process it is a "
-                             f"local store)")
+                             f"local store), or create('dist_async') / create('dist_ssp', "
+                             f"staleness=tau) on server processes")
         if bucket_cap_mb <= 0 or (first_bucket_mb is not None and first_bucket_mb <= 0):
             raise ValueError("bucket_cap_mb and first_bucket_mb must be > 0")
         try:

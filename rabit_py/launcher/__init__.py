@@ -75,6 +75,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"rabit-run: the job cannot start: {problem}; nothing was started",
               file=sys.stderr)
         return 2
+    # The program and its arguments end the command, then the servers' program.
+    program_words = len(program) + (6 if args.servers else 0)
     status_parent = args.status_dir
     if status_parent is None and not one_node and args.checkpoint_dir:
         status_parent = os.path.join(env["RABIT_CHECKPOINT_DIR"], ".rabit-run")
@@ -90,7 +92,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "--checkpoint-dir or --status-dir on a filesystem every host shares",
               file=sys.stderr, flush=True)
     try:
-        found = (host_list(cmd[:len(cmd) - len(program)]) if args.launcher == "mpirun"
+        found = (host_list(cmd[:len(cmd) - program_words]) if args.launcher == "mpirun"
                  else None)
     except (OSError, IndexError) as exc:
         print(f"rabit-run: cannot read the host list: {exc}", file=sys.stderr)
@@ -104,9 +106,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     launch = Launch(cmd, args.np, args.stall_timeout,
                      private_dirs=args.launcher == "mpirun" and one_node,
                      status_parent=status_parent, forward_env=args.launcher == "mpirun",
-                     processes=args.np + args.spares, hosts=nodes or hosts,
+                     processes=args.np + args.spares + args.servers, hosts=nodes or hosts,
                      slurm=nodes is not None,
-                     program_words=len(program), quiet_banners=not args.mpi_banners)
+                     program_words=program_words, quiet_banners=not args.mpi_banners)
     return run_with_restarts(launch, args.max_restarts, args.restart_delay, env)
 
 
@@ -130,6 +132,10 @@ def print_plan(cmd: List[str], args: Any, env: Dict[str, str], status_parent: Op
     if args.spares:
         lines.append(f"  RABIT_SPARES={args.spares}  ({args.spares} spare process(es) beside "
                      f"the {args.np} ranks)")
+    if args.servers:
+        lines.append(f"  RABIT_SERVERS={args.servers}  ({args.servers} parameter-server "
+                     f"process(es), python -m rabit_py.kvstore.server, after the {args.np} "
+                     f"workers)")
     if args.launcher == "mpirun" and one_node:
         lines.append("  PRTE_MCA_prte_tmpdir_base, OMPI_MCA_btl_sm_backing_directory, "
                      "OMPI_MCA_osc_sm_backing_directory  (private Open MPI session and "

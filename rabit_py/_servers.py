@@ -1,0 +1,99 @@
+"""Server processes beside the workers: how a job's processes split into
+the two roles (a contract between the engine, which runs on the workers, and
+``rabit_py.kvstore.server``, which runs on the servers).
+
+# Note [server processes]
+A job with parameter servers (``RABIT_SERVERS=S``, set by ``rabit-run
+--servers S``) is one MPI job of ``W + S`` processes, started as two
+programs (``mpirun -n W python train.py : -n S python -m
+rabit_py.kvstore.server``): ranks ``0 .. W-1`` of ``MPI.COMM_WORLD`` are the
+workers, the last ``S`` the servers. Every process, in ``rabit_py.init()``
+on a worker and at the start of the server program, makes the same two
+collective calls over ``COMM_WORLD``, in this order:
+
+1. ``Split`` by role (workers: colour 0, servers: colour 1, in world order):
+   the workers' engine runs on the workers' part, so its collectives never
+   involve a server;
+2. ``Dup``: the *link*, on which workers and servers exchange the store's
+   requests and replies point to point (never a collective), apart from any
+   traffic of the program's own on ``COMM_WORLD``.
+
+A worker's ``rabit_py.finalize()`` sends every server one empty message
+tagged :data:`BYE_TAG` on the link; a server ends once every worker said
+goodbye (or is known dead). Tags below :data:`BYE_TAG` belong to the store's
+protocol (``rabit_py.kvstore``).
+
+Spares (``RABIT_SPARES``) are taken from the end of ``COMM_WORLD`` too; the
+two are not combined yet (refused at ``init``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+__all__ = ["WORKER", "SERVER", "BYE_TAG", "split_world", "say_goodbye", "server_ranks"]
+
+WORKER = 0
+SERVER = 1
+BYE_TAG = 999
+
+
+def split_world(world: Any, servers: int, role: int) -> Tuple[Any, Any]:
+    """Note [server processes]: the two collectives every process of the
+    job makes. Returns ``(own_role_comm, link)``; the link returns errors
+    (``ERRORS_RETURN``) instead of aborting.
+
+    Args:
+        world: ``MPI.COMM_WORLD`` (mpi4py).
+        servers: the number of server processes (``RABIT_SERVERS``).
+        role: :data:`WORKER` or :data:`SERVER`.
+
+    Raises:
+        ValueError: ``servers`` leaves no worker, or this process's rank
+            does not fit its role (a server among the first ranks).
+    """
+    size, rank = world.Get_size(), world.Get_rank()
+    if servers < 1 or servers >= size:
+        raise ValueError(f"RABIT_SERVERS={servers} with {size} processes in the job: need at "
+                         f"least one worker and one server (start the job with rabit-run -n W "
+                         f"--servers S, or mpirun -n W ... : -n S python -m "
+                         f"rabit_py.kvstore.server)")
+    expected = SERVER if rank >= size - servers else WORKER
+    own = world.Split(role, rank)
+    link = world.Dup()
+    link.Set_errhandler(_errors_return())
+    if role != expected:
+        name = "server" if role == SERVER else "worker"
+        raise ValueError(f"process {rank} of {size} is a {name}, but with RABIT_SERVERS="
+                         f"{servers} the last {servers} processes are the servers: start the "
+                         f"workers' program first (mpirun -n W python train.py : -n {servers} "
+                         f"python -m rabit_py.kvstore.server)")
+    return own, link
+
+
+def _errors_return() -> Any:
+    from mpi4py import MPI
+
+    return MPI.ERRORS_RETURN
+
+
+def server_ranks(link: Any, servers: int) -> range:
+    """The servers' ranks on the link (the last ``servers``)."""
+    size = link.Get_size()
+    return range(size - servers, size)
+
+
+def say_goodbye(link: Any, servers: int) -> None:
+    """A worker leaving the job: one :data:`BYE_TAG` message to every server
+    (Note [server processes]). Never raises: a dead server cannot be told."""
+    requests = []
+    for server in server_ranks(link, servers):
+        try:
+            requests.append(link.isend(None, dest=server, tag=BYE_TAG))
+        except Exception:  # noqa: BLE001 - a dead server needs no goodbye
+            pass
+    for request in requests:
+        try:
+            request.wait()
+        except Exception:  # noqa: BLE001
+            pass

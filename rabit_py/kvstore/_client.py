@@ -1,0 +1,227 @@
+"""A worker's side of the link to the servers: one progress thread that
+sends requests in priority order and receives the answers (Note [sending
+order]).
+
+# Note [sending order]
+Requests wait in a queue until the progress thread sends them; among those
+waiting, a higher priority goes first, then the earlier request, as MXNet
+orders pushes and pulls, except that the requests of one key keep the order
+they were made in (a pull never overtakes its key's push: one queue per key,
+and only each key's oldest request competes on priority). The thread sends
+whatever is waiting in that order, all of it each time it wakes, with
+nonblocking sends; it owns every MPI call on the link, so a worker's
+``push`` never waits for the network and its ``pull`` waits only for its
+answer. While answers are due it polls the link (Note [polling] in
+``_protocol.py``), so that servers and workers sharing cores are not starved
+by a busy wait.
+
+``sent`` records the keys in the order they were sent (the last 1000): what
+priority ordering produced. ``hold()`` keeps the thread from sending, for
+tests that queue requests first.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import heapq
+import itertools
+import threading
+import time
+from typing import Any, Deque, Dict, Hashable, Iterator, List, Optional, Tuple
+
+from ._protocol import REPLY_TAG, REQUEST_TAG, idle_pause
+
+__all__ = ["Client", "Pending"]
+
+
+class Pending:
+    """An answer to come."""
+
+    __slots__ = ("event", "status", "payload")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.status: Optional[str] = None
+        self.payload: Any = None
+
+    def set(self, status: str, payload: Any) -> None:
+        self.status, self.payload = status, payload
+        self.event.set()
+
+
+class Client:
+    """The progress thread of one worker process (Note [sending order]).
+
+    Args:
+        link: the link communicator (Note [server processes]).
+        first_server: the servers' first rank on the link.
+    """
+
+    def __init__(self, link: Any, first_server: int) -> None:
+        from mpi4py import MPI
+
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            raise RuntimeError("server-backed stores need MPI_THREAD_MULTIPLE (the progress "
+                               "thread uses MPI beside the program); mpi4py asks for it unless "
+                               "mpi4py.rc.thread_level was changed")
+        self._mpi = MPI
+        self.link = link
+        self.first_server = first_server
+        self._cond = threading.Condition()
+        self._heads: List[Tuple[int, int, Hashable]] = []       # (-priority, seq, key)
+        self._queues: Dict[Hashable, Deque[Tuple[int, int, int, tuple]]] = {}
+        self._seq = itertools.count()
+        self._ids = itertools.count(1)
+        self._due: Dict[int, Pending] = {}
+        self._sends: List[Any] = []
+        self._held = False
+        self._stopping = False
+        self.error: Optional[BaseException] = None
+        #: (key, op) of each request in the order sent (the last 1000)
+        self.sent: Deque[Tuple[Hashable, str]] = collections.deque(maxlen=1000)
+        self._thread = threading.Thread(target=self._run, name="rabit_py-kvstore-link",
+                                        daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ callers
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def send(self, server: int, key: Hashable, priority: int, request: tuple,
+             rid: Optional[int] = None) -> Optional[Pending]:
+        """Queue ``request`` for server ``server`` (index among the servers);
+        with ``rid``, the answer is awaited as that id."""
+        pending = None
+        with self._cond:
+            if self.error is not None:
+                raise self.error
+            if rid is not None:
+                pending = self._due[rid] = Pending()
+            item = (-int(priority), next(self._seq), server, request)
+            queue = self._queues.get(key)
+            if queue is None:
+                self._queues[key] = collections.deque([item])
+                heapq.heappush(self._heads, (item[0], item[1], key))
+            else:
+                queue.append(item)
+            self._cond.notify()
+        return pending
+
+    def wait(self, pending: Pending, timeout: Optional[float]) -> Tuple[str, Any]:
+        """The answer's ``(status, payload)``.
+
+        Raises:
+            TimeoutError: none came within ``timeout`` seconds.
+            the thread's error, if it failed.
+        """
+        if not pending.event.wait(timeout):
+            if self.error is not None:
+                raise self.error
+            raise TimeoutError
+        if pending.status == "failed":
+            raise pending.payload
+        return pending.status, pending.payload  # type: ignore[return-value]
+
+    def flush(self, timeout: Optional[float]) -> bool:
+        """Wait until every queued request has been sent and its send
+        completed. Returns False on timeout."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while (self._heads or self._sends) and self.error is None:
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.notify()
+                self._cond.wait(min(0.01, left) if left is not None else 0.01)
+            if self.error is not None:
+                raise self.error
+        return True
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Send nothing inside the block (tests: queue first, then compare
+        the order of ``sent`` with the priorities)."""
+        with self._cond:
+            self._held = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held = False
+                self._cond.notify()
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Send what is queued, then stop the thread."""
+        try:
+            if self.error is None:
+                self.flush(timeout)
+        finally:
+            with self._cond:
+                self._stopping = True
+                self._cond.notify()
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------ the thread
+    def _take(self) -> List[Tuple[int, tuple, Hashable]]:
+        """Everything sendable, in sending order (Note [sending order])."""
+        batch = []
+        while self._heads:
+            _, _, key = heapq.heappop(self._heads)
+            queue = self._queues[key]
+            _, _, server, request = queue.popleft()
+            batch.append((server, request, key))
+            if queue:
+                head = queue[0]
+                heapq.heappush(self._heads, (head[0], head[1], key))
+            else:
+                del self._queues[key]
+        return batch
+
+    def _run(self) -> None:
+        MPI = self._mpi
+        status = MPI.Status()
+        idle = 0
+        try:
+            while True:
+                with self._cond:
+                    while not self._due and not self._sends and \
+                            (self._held or not self._heads) and not self._stopping:
+                        self._cond.wait()
+                    if self._stopping and not self._heads and not self._sends:
+                        return
+                    batch = [] if self._held else self._take()
+                busy = bool(batch)
+                for server, request, key in batch:
+                    self._sends.append(self.link.isend(request, dest=self.first_server + server,
+                                                       tag=REQUEST_TAG))
+                    self.sent.append((key, request[0]))
+                if self._sends:
+                    left = [r for r in self._sends if not r.test()[0]]
+                    if len(left) != len(self._sends):
+                        with self._cond:
+                            self._sends = left
+                            self._cond.notify_all()
+                while self._due:
+                    message = self.link.improbe(MPI.ANY_SOURCE, REPLY_TAG, status)
+                    if message is None:
+                        break
+                    rid, answer, payload = message.recv()
+                    busy = True
+                    with self._cond:
+                        pending = self._due.pop(rid)
+                    pending.set(answer, payload)
+                if busy:
+                    idle = 0
+                else:
+                    idle += 1
+                    pause = idle_pause(idle)     # Note [polling] in _protocol.py
+                    if pause:
+                        time.sleep(pause)
+        except BaseException as exc:  # noqa: BLE001 - every waiter learns it
+            with self._cond:
+                self.error = exc
+                due, self._due = self._due, {}
+                self._cond.notify_all()
+            for pending in due.values():
+                pending.set("failed", exc)

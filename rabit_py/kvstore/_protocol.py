@@ -1,0 +1,86 @@
+"""What workers and servers say to each other (Note [server protocol]), and
+which server holds which part of a key (Note [key partition]).
+
+# Note [server protocol]
+Messages travel on the link (Note [server processes] in
+``rabit_py/_servers.py``), pickled by mpi4py, point to point only. A worker
+sends requests tagged :data:`REQUEST_TAG`, a server answers those that
+want an answer with :data:`REPLY_TAG`, naming the request by its id. All
+requests of one worker to one server share a tag, so MPI delivers them in
+the order they were sent: a worker's pull of a key is handled after its
+earlier pushes of that key, whatever their priorities.
+
+Requests are tuples ``(op, store, ...)``; ``store`` is the id the workers
+agreed on when they made the store, so several stores share the servers:
+
+- ``OPEN, store, staleness, workers, id``: make the store's state (rank 0);
+  answer ``None``;
+- ``INIT, store, key, part, array, id``: a part's first value (rank 0);
+  answer ``None``;
+- ``UPDATER, store, pickled, id``: the updater that pushes run through
+  (rank 0); answer ``None`` or the error's text;
+- ``PUSH, store, key, part, array, worker``: apply a gradient part (no
+  answer): through the updater, else added to the value (ps-lite's default
+  server handle);
+- ``PULL, store, key, part, clock, id, worker``: answer ``(value, clocks)``
+  once the consistency model allows (Note [bounded delay] in ``server.py``);
+  ``clocks[w]`` is the number of worker ``w``'s pushes that ``value`` holds;
+- ``CLOSE, store, id``: drop the store (rank 0); answer ``None``.
+
+Answers are ``(id, status, payload)``, status ``"ok"`` or ``"error"``.
+
+# Note [key partition]
+As ps-lite does: a key smaller than ``bigarray_bound`` elements lives whole
+on one server (an integer key on ``key % S``, a string key on its CRC-32
+``% S``, so keys spread and every worker computes the same owner); a larger
+one is cut into ``S`` contiguous slices of its flattened elements, slice
+``i`` on server ``i``, so the servers share its traffic and its updates.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Hashable, List, Tuple
+
+__all__ = ["REQUEST_TAG", "REPLY_TAG", "OPEN", "INIT", "UPDATER", "PUSH", "PULL", "CLOSE",
+           "Part", "partition", "idle_pause"]
+
+REQUEST_TAG = 1
+REPLY_TAG = 2
+
+OPEN, INIT, UPDATER, PUSH, PULL, CLOSE = "open", "init", "updater", "push", "pull", "close"
+
+#: one part of a key: (server index among the servers, first element, end)
+Part = Tuple[int, int, int]
+
+
+def partition(key: Hashable, size: int, servers: int, bigarray_bound: int) -> List[Part]:
+    """The parts of a key of ``size`` elements (Note [key partition])."""
+    if size >= bigarray_bound and servers > 1 and size >= servers:
+        bounds = [size * i // servers for i in range(servers + 1)]
+        return [(i, bounds[i], bounds[i + 1]) for i in range(servers)]
+    if isinstance(key, int):
+        owner = key % servers
+    else:
+        owner = zlib.crc32(str(key).encode()) % servers
+    return [(owner, 0, size)]
+
+
+# Note [polling]
+# Servers and the workers' progress threads wait for messages by polling
+# the link (MPI has no blocking wait that does not spin a core, and a
+# blocking probe in Open MPI busy-polls): a few probes back to back, then
+# sleeps that grow from 20 us to POLL_MAX_S. The cap bounds the latency a
+# request meets at an idle server, and the polling's cost: a probe costs a
+# few microseconds, so at most a few per cent of a core. Measured (bench_kvstore.py
+# --consistency, 4 workers and 2 servers on the 2-core VM): a cap of 2 ms
+# made a step 3.5 ms slower than dist_sync's.
+POLL_SPINS = 20
+POLL_MAX_S = 200e-6
+
+
+def idle_pause(idle: int) -> float:
+    """Seconds to sleep after ``idle`` empty probes in a row (0: probe again)."""
+    if idle <= POLL_SPINS:
+        return 0.0
+    return min(POLL_MAX_S, 20e-6 * (1 << min(idle - POLL_SPINS, 10)))

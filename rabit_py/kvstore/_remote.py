@@ -1,0 +1,466 @@
+"""The server-backed store: ``dist_async`` and bounded delay (``dist_ssp``).
+
+# Note [server-backed store]
+Keys live on the server processes (Note [key partition] in
+``_protocol.py``), and so does the updater: a worker's ``push`` queues its
+gradient for the key's servers and returns, a ``pull`` asks them for the
+current value and waits for the answer, which the consistency model may
+hold back (Note [bounded delay] in ``server.py``). No collective is made on
+the way: a slow worker delays nobody in ``dist_async``, and nobody by more
+than ``staleness`` clocks in ``dist_ssp``. ``init``, ``set_optimizer``,
+``set_updater``, ``barrier`` and ``close`` are collective among the
+workers, as in MXNet (rank 0 talks to the servers, the others wait for it).
+
+What is guaranteed: each server applies one worker's pushes in the order
+they were made; a pull sees its own worker's earlier pushes of that key;
+in ``dist_ssp`` a pull at clock ``c`` (this worker's pushes of the key so
+far) sees every other worker's first ``c - staleness`` pushes of it, which
+the worker checks on every answer (``pull_clocks`` keeps the evidence).
+What is not: the order in which the servers apply different workers'
+pushes depends on timing, so results are not bitwise reproducible from run
+to run, unlike ``dist_sync``; and a failure of a worker or a server ends
+the job for now (the store has no checkpoint yet).
+"""
+
+from __future__ import annotations
+
+import collections
+import pickle
+import secrets
+from typing import Any, Deque, Dict, Hashable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .. import api
+from .._arrays import is_device_array, to_host
+from ..errors import KVStoreError, NotInitializedError
+from ..ops import Op
+from ._client import Client
+from ._plans import Key, check_key
+from ._protocol import CLOSE, INIT, OPEN, PULL, PUSH, UPDATER, Part, partition
+from .optimizer import Optimizer, Updater
+
+__all__ = ["ServerKVStore", "ASYNC_TYPES"]
+
+ASYNC_TYPES = ("dist_async", "dist_ssp")
+
+
+class _Entry:
+    __slots__ = ("shape", "dtype", "size", "parts", "pushes")
+
+    def __init__(self, value: np.ndarray, parts: List[Part]) -> None:
+        self.shape, self.dtype, self.size = value.shape, value.dtype, value.size
+        self.parts = parts
+        self.pushes = 0
+
+
+class ServerKVStore:
+    """A key-value store on server processes (Note [server-backed store]).
+
+    Made by ``rabit_py.kvstore.create("dist_async")`` or
+    ``create("dist_ssp", staleness=tau)`` on every worker of a job started
+    with servers (``rabit-run -n W --servers S``).
+
+    Args:
+        kvtype: ``"dist_async"`` or ``"dist_ssp"``.
+        staleness: ``dist_ssp``'s bound ``tau >= 0`` in clocks (a worker's
+            pushes of a key); 0 behaves as BSP. Not for ``dist_async``.
+        bigarray_bound: keys of at least this many elements are split over
+            all servers (ps-lite's ``MXNET_KVSTORE_BIGARRAY_BOUND``).
+        timeout: seconds a pull or a collective step may wait before
+            ``KVStoreError`` (a dead or stuck worker or server).
+
+    Raises:
+        KVStoreError: the job has no server processes.
+        ValueError: an unknown type, or a bad staleness.
+    """
+
+    def __init__(self, kvtype: str = "dist_async", staleness: Optional[int] = None,
+                 bigarray_bound: int = 1_000_000, timeout: float = 600.0) -> None:
+        if kvtype not in ASYNC_TYPES:
+            raise ValueError(f"kvtype={kvtype!r}: a server-backed store is 'dist_async' or "
+                             f"'dist_ssp'")
+        if kvtype == "dist_ssp":
+            if staleness is None or isinstance(staleness, bool) or \
+                    not isinstance(staleness, int) or staleness < 0:
+                raise ValueError(f"dist_ssp needs staleness=tau, an integer >= 0 (0 behaves "
+                                 f"as BSP), got {staleness!r}")
+        elif staleness is not None:
+            raise ValueError("dist_async has no staleness bound; use create('dist_ssp', "
+                             f"staleness={staleness!r})")
+        if bigarray_bound < 1 or timeout <= 0:
+            raise ValueError("bigarray_bound must be >= 1 and timeout > 0")
+        try:
+            api.get_rank()
+        except NotInitializedError:
+            api.init()
+        link = api.server_comm()
+        if link is None:
+            raise KVStoreError(f"rank {api.get_rank()}: kvtype={kvtype!r} runs on server "
+                               f"processes, and this job has none: start it with rabit-run -n "
+                               f"W --servers S python ... (or mpirun -x RABIT_SERVERS=S -n W "
+                               f"python ... : -n S python -m rabit_py.kvstore.server)")
+        self._kvtype = kvtype
+        self.staleness = staleness
+        self.bigarray_bound = int(bigarray_bound)
+        self.timeout = float(timeout)
+        self._workers = api.get_world_size()
+        self._servers = link.Get_size() - self._workers
+        resources = api.resources()
+        client = getattr(resources, "server_client", None)
+        if client is None:
+            client = resources.server_client = Client(link, self._workers)
+        self._client: Client = client
+        self._keys: Dict[Key, _Entry] = {}
+        self._closed = False
+        #: per pull answer (the last 10000): (key, part, own clock, clocks
+        #: the value held) — the evidence of the staleness bound
+        self.pull_clocks: Deque[Tuple[Key, int, int, Tuple[int, ...]]] = \
+            collections.deque(maxlen=10000)
+        # The workers agree on the store's id; rank 0 opens it on every server.
+        self._sid = api.broadcast(secrets.randbits(62) if self.rank == 0 else None, root=0)
+        self._from_rank0("open", [(server, (OPEN, self._sid, staleness, self._workers))
+                                  for server in range(self._servers)])
+
+    # ------------------------------------------------------------ properties
+    @property
+    def type(self) -> str:
+        """``"dist_async"`` or ``"dist_ssp"``."""
+        return self._kvtype
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank."""
+        return api.get_rank()
+
+    @property
+    def num_workers(self) -> int:
+        """The number of workers (servers not counted)."""
+        return self._workers
+
+    @property
+    def num_servers(self) -> int:
+        """The number of server processes."""
+        return self._servers
+
+    @property
+    def sent(self) -> Deque[Tuple[Hashable, str]]:
+        """(key, "push"/"pull"...) in the order this process sent them (Note
+        [sending order] in ``_client.py``; shared by the process's stores)."""
+        return self._client.sent
+
+    def hold(self) -> Any:
+        """A context manager: requests made inside the block are queued and
+        sent when it ends, in priority order (Note [sending order] in
+        ``_client.py``), e.g. a step's pushes. A ``pull`` inside it would
+        wait for ever: only other threads may pull meanwhile."""
+        return self._client.hold()
+
+    # ------------------------------------------------------------ data
+    def init(self, key: Union[Key, Sequence[Key]], value: Any) -> None:
+        """Create keys on the servers with rank 0's values. Collective.
+
+        Raises:
+            KVStoreError: a key exists already (or appears twice).
+            TypeError, ValueError: a bad key or value.
+        """
+        self._check_usable()
+        keys, values = _pairs(key, value)
+        requests = []
+        for k, v in zip(keys, values):
+            if k in self._keys or keys.count(k) > 1:
+                raise KVStoreError(f"rank {self.rank}: key {k!r} is initialized twice; init "
+                                   f"each key once, before its first push or pull")
+            if isinstance(v, (list, tuple)):
+                raise TypeError(f"init of key {k!r}: give one array, not a list")
+            array = np.ascontiguousarray(to_host(v))
+            entry = self._keys[k] = _Entry(array, partition(k, array.size, self._servers,
+                                                            self.bigarray_bound))
+            flat = array.reshape(-1)
+            for part, (server, start, stop) in enumerate(entry.parts):
+                requests.append((server, (INIT, self._sid, k, part, flat[start:stop])))
+        self._from_rank0("init", requests)
+
+    def push(self, key: Union[Key, Sequence[Key]], value: Any, priority: int = 0) -> None:
+        """Send gradients to the keys' servers, which apply them (through the
+        updater, else adding them to the value); returns at once. Each push
+        of a key advances this worker's clock of it by one.
+
+        Args:
+            key: a key or a list of keys.
+            value: an array, or a list of arrays summed here first; for a
+                list of keys, one such entry per key.
+            priority: higher is sent first (Note [sending order]).
+
+        Raises:
+            KVStoreError: a key was not initialized, a value's shape or dtype
+                is not the key's, or the link failed.
+        """
+        self._check_usable()
+        keys, values = _pairs(key, value)
+        for k, v in zip(keys, values):
+            entry = self._known(k, "push")
+            flat = self._local_sum(k, entry, v).reshape(-1)
+            for part, (server, start, stop) in enumerate(entry.parts):
+                self._send(server, k, priority,
+                           (PUSH, self._sid, k, part, flat[start:stop], self.rank))
+            entry.pushes += 1
+
+    def pull(self, key: Union[Key, Sequence[Key]], out: Any = None,
+             priority: int = 0) -> Any:
+        """The keys' values from their servers, as the consistency model
+        allows (Note [bounded delay] in ``server.py``): at once in
+        ``dist_async``; in ``dist_ssp`` once they hold every worker's pushes
+        up to this worker's clock minus ``staleness``.
+
+        Args:
+            key: a key or a list of keys.
+            out: an array (or a list of arrays, each gets a copy) per key;
+                None returns new arrays.
+            priority: higher is sent first (Note [sending order]).
+
+        Returns:
+            ``out``, or the new array(s).
+
+        Raises:
+            KVStoreError: an unknown key, an ``out`` of another shape, no
+                answer within ``timeout``, a server's updater failed, or the
+                answer broke the staleness bound.
+        """
+        self._check_usable()
+        single = not isinstance(key, (list, tuple))
+        keys = [check_key(k) for k in ([key] if single else key)]
+        outs: List[Any] = [None] * len(keys) if out is None else \
+            ([out] if single else list(out))
+        if len(outs) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(outs)} outputs")
+        asked = []
+        for k in keys:
+            entry = self._known(k, "pull")
+            waits = []
+            for part, (server, _, _) in enumerate(entry.parts):
+                rid = self._client.next_id()
+                waits.append(self._send(server, k, priority, (
+                    PULL, self._sid, k, part, entry.pushes, rid, self.rank), rid))
+            asked.append((k, entry, entry.pushes, waits))
+        results = []
+        for (k, entry, clock, waits), o in zip(asked, outs):
+            value = np.empty(entry.size, dtype=entry.dtype)
+            for part, pending in enumerate(waits):
+                _, start, stop = entry.parts[part]
+                payload = self._answer(pending, f"pull of key {k!r}")
+                part_value, clocks, departed = payload
+                self._check_bound(k, part, clock, clocks, departed)
+                value[start:stop] = part_value
+            results.append(_copy_out(k, value.reshape(entry.shape), o, self.rank))
+        return results[0] if single else results
+
+    def pushpull(self, key: Union[Key, Sequence[Key]], value: Any, out: Any = None,
+                 priority: int = 0) -> Any:
+        """``push`` then ``pull``; with ``out=None`` the result is written
+        into ``value``. See :meth:`push` and :meth:`pull`."""
+        self.push(key, value, priority)
+        return self.pull(key, value if out is None else out, priority)
+
+    def wait_all(self) -> None:
+        """Wait until every queued request has left this process.
+
+        Raises:
+            KVStoreError: not within ``timeout``, or the link failed.
+        """
+        self._check_usable()
+        try:
+            done = self._client.flush(self.timeout)
+        except BaseException as exc:
+            raise self._link_failed(exc) from exc
+        if not done:
+            raise KVStoreError(f"rank {self.rank}: requests to the servers were not sent "
+                               f"within {self.timeout:g} s")
+
+    # ------------------------------------------------------------ updates
+    def set_updater(self, updater: Any) -> None:
+        """Run ``updater(key, grad, weight)`` on the servers for every push
+        (it is pickled and loaded there: a function of an importable module,
+        not of ``__main__``). Collective.
+
+        Raises:
+            TypeError: not callable.
+            KVStoreError: a server cannot load it (on every worker).
+        """
+        if not callable(updater):
+            raise TypeError(f"the updater must be callable, got {type(updater).__name__}")
+        try:
+            blob = pickle.dumps(updater)
+        except Exception as exc:  # noqa: BLE001
+            raise TypeError(f"the updater cannot be pickled for the servers ({exc})") from exc
+        self._from_rank0("set_updater", [(server, (UPDATER, self._sid, blob))
+                                         for server in range(self._servers)])
+
+    def set_optimizer(self, optimizer: Optimizer) -> None:
+        """Update weights with ``optimizer`` on the servers. Collective.
+
+        Raises:
+            TypeError: not a :class:`rabit_py.optimizer.Optimizer`.
+        """
+        self.set_updater(Updater(optimizer))
+
+    def barrier(self) -> None:
+        """Every worker's requests sent, then a barrier of the workers.
+        Collective."""
+        self.wait_all()
+        api.allreduce(np.zeros(1, dtype=np.int32), Op.SUM)
+
+    def checkpoint(self, local_model: Any = None) -> None:
+        """Not built yet for server-backed stores.
+
+        Raises:
+            KVStoreError: always, saying so.
+        """
+        raise KVStoreError(f"rank {self.rank}: checkpoints of a {self._kvtype} store (the "
+                           f"servers' shards) are not built yet; use dist_sync for "
+                           f"checkpointed training")
+
+    load_checkpoint = checkpoint
+
+    def close(self) -> None:
+        """Send what is queued and drop the store on the servers. Collective."""
+        if self._closed:
+            return
+        try:
+            self._from_rank0("close", [(server, (CLOSE, self._sid))
+                                       for server in range(self._servers)])
+        finally:
+            self._closed = True
+
+    def __enter__(self) -> "ServerKVStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if exc[0] is None:
+            self.close()
+        else:
+            self._closed = True
+
+    # ------------------------------------------------------------ internals
+    def _send(self, server: int, key: Key, priority: int, request: tuple,
+              rid: Optional[int] = None) -> Any:
+        try:
+            return self._client.send(server, key, priority, request, rid)
+        except BaseException as exc:
+            raise self._link_failed(exc) from exc
+
+    def _answer(self, pending: Any, what: str) -> Any:
+        try:
+            status, payload = self._client.wait(pending, self.timeout)
+        except TimeoutError:
+            bound = (f"; in dist_ssp a pull waits for workers more than {self.staleness} "
+                     f"clock(s) behind" if self.staleness is not None else "")
+            error = KVStoreError(f"rank {self.rank}: {what}: no answer from the servers "
+                                 f"within {self.timeout:g} s (a stuck or dead worker or "
+                                 f"server{bound})")
+            error.restartable = True    # type: ignore[attr-defined] - a fault, not a bug
+            raise error from None
+        except BaseException as exc:
+            raise self._link_failed(exc) from exc
+        if status != "ok":
+            raise KVStoreError(f"rank {self.rank}: {what}: {payload}")
+        return payload
+
+    def _from_rank0(self, what: str, requests: List[Tuple[int, tuple]]) -> None:
+        """Rank 0 sends ``requests`` (each with an answer id appended) and
+        waits for every answer; then every worker learns the outcome."""
+        self.wait_all()
+        error = None
+        if self.rank == 0:
+            waits = []
+            for server, request in requests:
+                rid = self._client.next_id()
+                waits.append(self._send(server, ("control", what), 0, request + (rid,), rid))
+            for pending in waits:
+                try:
+                    self._answer(pending, what)
+                except KVStoreError as exc:
+                    error = error or str(exc)
+        error = api.broadcast(error, root=0)
+        if error is not None:
+            raise KVStoreError(error if self.rank == 0 else f"rank {self.rank}: {what} failed "
+                               f"on rank 0: {error}")
+
+    def _check_bound(self, key: Key, part: int, clock: int, clocks: np.ndarray,
+                     departed: Tuple[int, ...]) -> None:
+        """Record what an answer held, and check it against the bound
+        (Note [bounded delay]): the server enforces it, this checks the
+        server."""
+        held = tuple(int(c) for c in clocks)
+        self.pull_clocks.append((key, part, clock, held))
+        floor = clock if self.staleness is None else clock - self.staleness
+        behind = [w for w, c in enumerate(held) if c < floor and w not in departed
+                  and (self.staleness is not None or w == self.rank)]
+        if behind:
+            raise KVStoreError(f"rank {self.rank}: pull of key {key!r} at clock {clock} got a "
+                               f"value holding only {[held[w] for w in behind]} push(es) of "
+                               f"worker(s) {behind} (staleness {self.staleness}): the "
+                               f"consistency model was broken; please report it")
+
+    def _known(self, key: Key, action: str) -> _Entry:
+        try:
+            return self._keys[check_key(key)]
+        except KeyError:
+            raise KVStoreError(f"rank {self.rank}: {action} of key {key!r}, which was never "
+                               f"initialized; call init({key!r}, value) first") from None
+
+    def _local_sum(self, key: Key, entry: _Entry, value: Any) -> np.ndarray:
+        parts = list(value) if isinstance(value, (list, tuple)) else [value]
+        if not parts:
+            raise ValueError(f"push of key {key!r}: an empty list of values")
+        total: Optional[np.ndarray] = None
+        for part in parts:
+            array = np.asarray(to_host(part))
+            if array.shape != entry.shape or array.dtype != entry.dtype:
+                raise KVStoreError(f"rank {self.rank}: push of key {key!r} with shape "
+                                   f"{array.shape} and dtype {array.dtype}, but the key holds "
+                                   f"{entry.shape} {entry.dtype}; a key's shape and dtype "
+                                   f"are fixed by init")
+            if total is None:
+                total = np.array(array, copy=True, order="C")   # sent later: a copy
+            else:
+                total += array
+        assert total is not None
+        return total
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise KVStoreError("the KVStore is closed")
+
+    def _link_failed(self, exc: BaseException) -> KVStoreError:
+        if isinstance(exc, KVStoreError):
+            return exc
+        error = KVStoreError(f"rank {self.rank}: the link to the servers failed "
+                             f"({type(exc).__name__}: {exc}): a worker or server process "
+                             f"died, and server-backed stores do not recover in the job yet; "
+                             f"the job ends (rabit-run --max-restarts starts it again)")
+        error.restartable = True        # type: ignore[attr-defined] - a fault, not a bug
+        return error
+
+
+def _pairs(key: Any, value: Any) -> Tuple[List[Key], List[Any]]:
+    if isinstance(key, (list, tuple)):
+        if not isinstance(value, (list, tuple)) or len(value) != len(key):
+            raise ValueError(f"{len(key)} keys need a list of {len(key)} values")
+        return [check_key(k) for k in key], list(value)
+    return [check_key(key)], [value]
+
+
+def _copy_out(key: Key, value: np.ndarray, out: Any, rank: int) -> Any:
+    if out is None:
+        return value
+    targets = out if isinstance(out, (list, tuple)) else [out]
+    for target in targets:
+        if tuple(target.shape) != value.shape:
+            raise KVStoreError(f"rank {rank}: pull of key {key!r} into an array of shape "
+                               f"{tuple(target.shape)}; the key holds {value.shape}")
+        if is_device_array(target):
+            target.set(value.astype(target.dtype, copy=False))
+        else:
+            np.copyto(target, value, casting="same_kind")
+    return out

@@ -1,0 +1,34 @@
+"""Which server holds which part of a key (Note [key partition] in
+rabit_py/kvstore/_protocol.py), without MPI."""
+
+import zlib
+
+import pytest
+
+from rabit_py.kvstore._protocol import partition
+
+
+def test_small_keys_live_whole_on_one_server_that_every_worker_computes_alike():
+    assert partition(7, 10, 3, 1000) == [(1, 0, 10)]
+    assert partition(9, 10, 3, 1000) == [(0, 0, 10)]
+    owner = zlib.crc32(b"weight") % 4
+    assert partition("weight", 999, 4, 1000) == [(owner, 0, 999)]
+    owners = {partition(f"layer{i}", 5, 4, 1000)[0][0] for i in range(40)}
+    assert owners == {0, 1, 2, 3}                   # string keys spread over the servers
+
+
+@pytest.mark.parametrize("size,servers", [(1000, 3), (1001, 4), (64, 2), (5000, 7)])
+def test_large_keys_are_cut_into_one_contiguous_slice_per_server(size, servers):
+    parts = partition("big", size, servers, 64)
+    assert [p[0] for p in parts] == list(range(servers))
+    assert parts[0][1] == 0 and parts[-1][2] == size
+    for (_, _, end), (_, start, _) in zip(parts, parts[1:]):
+        assert end == start
+    lengths = [stop - start for _, start, stop in parts]
+    assert max(lengths) - min(lengths) <= 1
+
+
+def test_one_server_or_a_key_below_the_bound_is_not_cut():
+    assert partition("big", 10 ** 6, 1, 64) == [(0, 0, 10 ** 6)]
+    assert len(partition("big", 63, 4, 64)) == 1
+    assert len(partition("big", 3, 4, 2)) == 1      # fewer elements than servers
