@@ -78,6 +78,8 @@ class Client:
         self._held = False
         self._stopping = False
         self.error: Optional[BaseException] = None
+        #: server-backed stores made in this process (their default names)
+        self.opened = 0
         #: (key, op) of each request in the order sent (the last 1000)
         self.sent: Deque[Tuple[Hashable, str]] = collections.deque(maxlen=1000)
         self._thread = threading.Thread(target=self._run, name="rabit_py-kvstore-link",

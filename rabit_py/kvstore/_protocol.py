@@ -25,7 +25,11 @@ agreed on when they made the store, so several stores share the servers:
 - ``PULL, store, key, part, clock, id, worker``: answer ``(value, clocks)``
   once the consistency model allows (Note [bounded delay] in ``server.py``);
   ``clocks[w]`` is the number of worker ``w``'s pushes that ``value`` holds;
-- ``CLOSE, store, id``: drop the store (rank 0); answer ``None``.
+- ``SYNC, store, id``: answer ``None`` at once; as it comes behind the
+  worker's pushes, the answer says they are applied (``wait_all``);
+- ``CLOSE, store, id``: this worker is done with the store (every worker
+  sends it, behind its own pushes); the server drops the store once every
+  worker closed it; answer ``None``.
 
 Answers are ``(id, status, payload)``, status ``"ok"`` or ``"error"``.
 
@@ -42,13 +46,14 @@ from __future__ import annotations
 import zlib
 from typing import Hashable, List, Tuple
 
-__all__ = ["REQUEST_TAG", "REPLY_TAG", "OPEN", "INIT", "UPDATER", "PUSH", "PULL", "CLOSE",
+__all__ = ["REQUEST_TAG", "REPLY_TAG", "OPEN", "INIT", "UPDATER", "PUSH", "PULL", "SYNC", "CLOSE",
            "Part", "partition", "idle_pause"]
 
 REQUEST_TAG = 1
 REPLY_TAG = 2
 
-OPEN, INIT, UPDATER, PUSH, PULL, CLOSE = "open", "init", "updater", "push", "pull", "close"
+OPEN, INIT, UPDATER, PUSH, PULL, SYNC, CLOSE = ("open", "init", "updater", "push", "pull",
+                                               "sync", "close")
 
 #: one part of a key: (server index among the servers, first element, end)
 Part = Tuple[int, int, int]

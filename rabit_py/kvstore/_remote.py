@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import pickle
-import secrets
 from typing import Any, Deque, Dict, Hashable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -37,7 +36,7 @@ from ..errors import KVStoreError, NotInitializedError
 from ..ops import Op
 from ._client import Client
 from ._plans import Key, check_key
-from ._protocol import CLOSE, INIT, OPEN, PULL, PUSH, UPDATER, Part, partition
+from ._protocol import CLOSE, INIT, OPEN, PULL, PUSH, SYNC, UPDATER, Part, partition
 from .optimizer import Optimizer, Updater
 
 __all__ = ["ServerKVStore", "ASYNC_TYPES"]
@@ -46,12 +45,27 @@ ASYNC_TYPES = ("dist_async", "dist_ssp")
 
 
 class _Entry:
-    __slots__ = ("shape", "dtype", "size", "parts", "pushes")
+    __slots__ = ("shape", "dtype", "size", "parts", "pushes", "restored")
 
     def __init__(self, value: np.ndarray, parts: List[Part]) -> None:
         self.shape, self.dtype, self.size = value.shape, value.dtype, value.size
         self.parts = parts
+        #: this worker's clock: its pushes of the key
         self.pushes = 0
+        #: per part, this worker's pushes that a restored part holds already
+        #: (Note [shard checkpoints] in server.py); 0 on a fresh start
+        self.restored = [0] * len(parts)
+
+    def holds(self, part: int) -> bool:
+        """Whether ``part`` holds this worker's next push of the key already
+        (a part restored past the worker's clock: Note [shard checkpoints])."""
+        return self.restored[part] > self.pushes
+
+
+def resume_clock(entries: Sequence[_Entry]) -> int:
+    """The step a restarted worker resumes at: the fewest of its pushes that
+    any restored part of any key holds (Note [shard checkpoints])."""
+    return min((min(e.restored) for e in entries), default=0)
 
 
 class ServerKVStore:
@@ -69,6 +83,13 @@ class ServerKVStore:
             all servers (ps-lite's ``MXNET_KVSTORE_BIGARRAY_BOUND``).
         timeout: seconds a pull or a collective step may wait before
             ``KVStoreError`` (a dead or stuck worker or server).
+        checkpoint_every: each server writes its parts every this many
+            pushes it applied, and at ``close``, into the job's checkpoint
+            folder (``rabit-run --checkpoint-dir``); a restarted job resumes
+            the store from them (Note [shard checkpoints] in ``server.py``).
+            0: no checkpoints.
+        name: names the store's checkpoint (default ``store<n>``, ``n`` its
+            order among the process's server-backed stores).
 
     Raises:
         KVStoreError: the job has no server processes.
@@ -76,7 +97,8 @@ class ServerKVStore:
     """
 
     def __init__(self, kvtype: str = "dist_async", staleness: Optional[int] = None,
-                 bigarray_bound: int = 1_000_000, timeout: float = 600.0) -> None:
+                 bigarray_bound: int = 1_000_000, timeout: float = 600.0,
+                 checkpoint_every: int = 0, name: Optional[str] = None) -> None:
         if kvtype not in ASYNC_TYPES:
             raise ValueError(f"kvtype={kvtype!r}: a server-backed store is 'dist_async' or "
                              f"'dist_ssp'")
@@ -88,8 +110,11 @@ class ServerKVStore:
         elif staleness is not None:
             raise ValueError("dist_async has no staleness bound; use create('dist_ssp', "
                              f"staleness={staleness!r})")
-        if bigarray_bound < 1 or timeout <= 0:
-            raise ValueError("bigarray_bound must be >= 1 and timeout > 0")
+        if bigarray_bound < 1 or timeout <= 0 or checkpoint_every < 0:
+            raise ValueError("bigarray_bound must be >= 1, timeout > 0 and checkpoint_every "
+                             ">= 0")
+        if name is not None and (not name or "/" in name or name.startswith(".")):
+            raise ValueError(f"name={name!r}: a store's name is a file name (no '/')")
         try:
             api.get_rank()
         except NotInitializedError:
@@ -112,15 +137,20 @@ class ServerKVStore:
             client = resources.server_client = Client(link, self._workers)
         self._client: Client = client
         self._keys: Dict[Key, _Entry] = {}
+        self._pushed = False
         self._closed = False
         #: per pull answer (the last 10000): (key, part, own clock, clocks
         #: the value held) — the evidence of the staleness bound
         self.pull_clocks: Deque[Tuple[Key, int, int, Tuple[int, ...]]] = \
             collections.deque(maxlen=10000)
-        # The workers agree on the store's id; rank 0 opens it on every server.
-        self._sid = api.broadcast(secrets.randbits(62) if self.rank == 0 else None, root=0)
-        self._from_rank0("open", [(server, (OPEN, self._sid, staleness, self._workers))
-                                  for server in range(self._servers)])
+        # Every worker makes its stores in the same order, so they agree on
+        # the id (the checkpoint's name too), in a restarted job as well.
+        self._sid = name if name is not None else f"store{client.opened}"
+        client.opened += 1
+        self.checkpoint_every = int(checkpoint_every)
+        self._from_rank0("open", [(server, (OPEN, self._sid, staleness, self._workers,
+                                            self.checkpoint_every))
+                                  for server in range(self._servers)], settle=False)
 
     # ------------------------------------------------------------ properties
     @property
@@ -142,6 +172,27 @@ class ServerKVStore:
     def num_servers(self) -> int:
         """The number of server processes."""
         return self._servers
+
+    @property
+    def name(self) -> str:
+        """The store's name (its checkpoint's folder)."""
+        return str(self._sid)
+
+    def clock(self, key: Optional[Key] = None) -> int:
+        """This worker's clock: its pushes of ``key`` (the fewest over all
+        keys without ``key``). After a restart from shard checkpoints every
+        key starts at the fewest of this worker's pushes that any restored
+        part holds (Note [shard checkpoints] in ``server.py``): a program
+        that pushes each key once a step and initializes its keys before
+        its first push resumes its data position from it (``for step in
+        range(kv.clock(), steps)``).
+
+        Raises:
+            KVStoreError: an unknown key.
+        """
+        if key is not None:
+            return self._known(key, "clock").pushes
+        return min((e.pushes for e in self._keys.values()), default=0)
 
     @property
     def sent(self) -> Deque[Tuple[Hashable, str]]:
@@ -179,7 +230,23 @@ class ServerKVStore:
             flat = array.reshape(-1)
             for part, (server, start, stop) in enumerate(entry.parts):
                 requests.append((server, (INIT, self._sid, k, part, flat[start:stop])))
-        self._from_rank0("init", requests)
+        answers = self._from_rank0("init", requests)
+        # What restored parts hold already (Note [shard checkpoints] in
+        # server.py). Until the first push every key resumes at the store's
+        # clock, the fewest this worker's pushes any part holds: the step the
+        # program restarts at (each key pushed once a step); parts that hold
+        # later steps skip them.
+        at = 0
+        for k in keys:
+            entry = self._keys[k]
+            for part in range(len(entry.parts)):
+                entry.restored[part] = int(answers[at][self.rank])
+                at += 1
+            entry.pushes = min(entry.restored)
+        if not self._pushed:
+            resume = resume_clock(list(self._keys.values()))
+            for entry in self._keys.values():
+                entry.pushes = resume
 
     def push(self, key: Union[Key, Sequence[Key]], value: Any, priority: int = 0) -> None:
         """Send gradients to the keys' servers, which apply them (through the
@@ -202,9 +269,11 @@ class ServerKVStore:
             entry = self._known(k, "push")
             flat = self._local_sum(k, entry, v).reshape(-1)
             for part, (server, start, stop) in enumerate(entry.parts):
-                self._send(server, k, priority,
-                           (PUSH, self._sid, k, part, flat[start:stop], self.rank))
+                if not entry.holds(part):
+                    self._send(server, k, priority,
+                               (PUSH, self._sid, k, part, flat[start:stop], self.rank))
             entry.pushes += 1
+            self._pushed = True
 
     def pull(self, key: Union[Key, Sequence[Key]], out: Any = None,
              priority: int = 0) -> Any:
@@ -263,19 +332,20 @@ class ServerKVStore:
         return self.pull(key, value if out is None else out, priority)
 
     def wait_all(self) -> None:
-        """Wait until every queued request has left this process.
+        """Wait until the servers have applied every push this worker made
+        (a request to each server that comes behind them: Note [server
+        protocol] in ``_protocol.py``).
 
         Raises:
             KVStoreError: not within ``timeout``, or the link failed.
         """
         self._check_usable()
-        try:
-            done = self._client.flush(self.timeout)
-        except BaseException as exc:
-            raise self._link_failed(exc) from exc
-        if not done:
-            raise KVStoreError(f"rank {self.rank}: requests to the servers were not sent "
-                               f"within {self.timeout:g} s")
+        waits = []
+        for server in range(self._servers):
+            rid = self._client.next_id()
+            waits.append(self._send(server, ("control", "sync"), 0, (SYNC, self._sid, rid), rid))
+        for pending in waits:
+            self._answer(pending, "wait_all")
 
     # ------------------------------------------------------------ updates
     def set_updater(self, updater: Any) -> None:
@@ -305,30 +375,46 @@ class ServerKVStore:
         self.set_updater(Updater(optimizer))
 
     def barrier(self) -> None:
-        """Every worker's requests sent, then a barrier of the workers.
-        Collective."""
+        """A barrier of the workers once the servers applied every push of
+        each. Collective."""
         self.wait_all()
         api.allreduce(np.zeros(1, dtype=np.int32), Op.SUM)
 
     def checkpoint(self, local_model: Any = None) -> None:
-        """Not built yet for server-backed stores.
+        """Not the way for server-backed stores: the servers checkpoint their
+        parts themselves (``checkpoint_every``).
 
         Raises:
             KVStoreError: always, saying so.
         """
-        raise KVStoreError(f"rank {self.rank}: checkpoints of a {self._kvtype} store (the "
-                           f"servers' shards) are not built yet; use dist_sync for "
-                           f"checkpointed training")
+        raise KVStoreError(f"rank {self.rank}: a {self._kvtype} store is checkpointed by its "
+                           f"servers: create it with checkpoint_every=N (and start the job "
+                           f"with rabit-run --checkpoint-dir); a restarted job resumes it, "
+                           f"and kv.clock() gives this worker's step")
 
     load_checkpoint = checkpoint
 
     def close(self) -> None:
-        """Send what is queued and drop the store on the servers. Collective."""
+        """Send what is queued and drop the store on the servers (once every
+        worker closed it; with ``checkpoint_every``, after a last
+        checkpoint). Collective.
+
+        Raises:
+            KVStoreError: a server did not answer within ``timeout``.
+        """
         if self._closed:
             return
         try:
-            self._from_rank0("close", [(server, (CLOSE, self._sid))
-                                       for server in range(self._servers)])
+            # Each worker's close travels behind its own pushes (Note
+            # [server protocol]); a server drops the store after all of them.
+            waits = []
+            for server in range(self._servers):
+                rid = self._client.next_id()
+                waits.append(self._send(server, ("control", "close"), 0,
+                                        (CLOSE, self._sid, rid), rid))
+            for pending in waits:
+                self._answer(pending, "close")
+            api.allreduce(np.zeros(1, dtype=np.int32), Op.SUM)
         finally:
             self._closed = True
 
@@ -366,11 +452,14 @@ class ServerKVStore:
             raise KVStoreError(f"rank {self.rank}: {what}: {payload}")
         return payload
 
-    def _from_rank0(self, what: str, requests: List[Tuple[int, tuple]]) -> None:
+    def _from_rank0(self, what: str, requests: List[Tuple[int, tuple]],
+                    settle: bool = True) -> List[Any]:
         """Rank 0 sends ``requests`` (each with an answer id appended) and
-        waits for every answer; then every worker learns the outcome."""
-        self.wait_all()
-        error = None
+        waits for every answer; then every worker learns the outcome and
+        the answers. With ``settle``, this worker's pushes are applied first."""
+        if settle:
+            self.wait_all()
+        error, answers = None, []
         if self.rank == 0:
             waits = []
             for server, request in requests:
@@ -378,13 +467,14 @@ class ServerKVStore:
                 waits.append(self._send(server, ("control", what), 0, request + (rid,), rid))
             for pending in waits:
                 try:
-                    self._answer(pending, what)
+                    answers.append(self._answer(pending, what))
                 except KVStoreError as exc:
                     error = error or str(exc)
-        error = api.broadcast(error, root=0)
+        error, answers = api.broadcast((error, answers), root=0)
         if error is not None:
             raise KVStoreError(error if self.rank == 0 else f"rank {self.rank}: {what} failed "
                                f"on rank 0: {error}")
+        return answers
 
     def _check_bound(self, key: Key, part: int, clock: int, clocks: np.ndarray,
                      departed: Tuple[int, ...]) -> None:

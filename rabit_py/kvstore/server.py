@@ -30,10 +30,29 @@ The answer carries ``clocks``, so the worker can check the bound itself
 longer holds the others back. A worker that dies ends the job for now: the
 server aborts it with a message (in-job recovery of server-backed stores is
 not built yet), so that no pull waits forever for its pushes.
+
+# Note [shard checkpoints]
+With ``checkpoint_every=N`` (and a checkpoint folder, ``rabit-run
+--checkpoint-dir``), each server writes its parts of the store (values,
+clocks, the optimizer's state) every ``N`` pushes it applied, and when the
+store is closed, to ``<folder>/kvstore/<store>/server-<i>-of-<S>.pkl``
+(atomically: a temporary file, fsync, rename); a file is loaded as data only
+(Note [checkpoints are data] in ``rabit_py/_unpickle.py``). When the job
+starts again (``rabit-run --max-restarts`` after a worker or a server died),
+the servers load their files as the workers open the store again: ``INIT``
+keeps a restored part's value and answers with its clocks, so each worker
+learns how many of its pushes of each part survived, resumes its clock
+there (``ServerKVStore.clock``: the program resumes its data position from
+it), and pushes again only to the parts that lack a step. A part loses at
+most the pushes its server applied after its last checkpoint (fewer than
+``N``), which the restored server reports; those steps are pushed again,
+none twice.
 """
 
 from __future__ import annotations
 
+import glob
+import os
 import pickle
 import sys
 import time
@@ -43,8 +62,9 @@ from typing import Any, Dict, Hashable, List, Optional, Tuple
 import numpy as np
 
 from .._servers import BYE_TAG, SERVER, split_world
+from .._unpickle import NotData, load_data
 from ..config import Config
-from ._protocol import (CLOSE, INIT, OPEN, PULL, PUSH, REPLY_TAG, REQUEST_TAG, UPDATER,
+from ._protocol import (CLOSE, INIT, OPEN, PULL, PUSH, REPLY_TAG, REQUEST_TAG, SYNC, UPDATER,
                         idle_pause)
 
 __all__ = ["Server", "main"]
@@ -52,12 +72,24 @@ __all__ = ["Server", "main"]
 _Slot = Tuple[Hashable, int]        # (key, part)
 
 
+_SHARD_FORMAT = "rabit_py kvstore shard 1"
+
+
 class _Store:
     """One store's parts on this server."""
 
-    def __init__(self, staleness: Optional[int], workers: int) -> None:
+    def __init__(self, staleness: Optional[int], workers: int, every: int = 0,
+                 path: Optional[str] = None) -> None:
         self.staleness = staleness
         self.workers = workers
+        #: Note [shard checkpoints]: pushes between checkpoints (0: none), the file
+        self.every = every
+        self.path = path
+        self.since = 0
+        self.applied = 0
+        self.restored_states: Any = None
+        #: the workers that closed the store
+        self.closed: set = set()
         self.updater: Any = None
         self.values: Dict[_Slot, np.ndarray] = {}
         self.clocks: Dict[_Slot, np.ndarray] = {}
@@ -76,13 +108,16 @@ class Server:
         index: this server's index among the servers.
     """
 
-    def __init__(self, link: Any, workers: int, index: int) -> None:
+    def __init__(self, link: Any, workers: int, index: int,
+                 config: Optional[Config] = None) -> None:
         from mpi4py import MPI
 
         self._mpi = MPI
         self.link = link
         self.workers = workers
         self.index = index
+        self.config = config or Config()
+        self.servers = link.Get_size() - workers
         self.stores: Dict[int, _Store] = {}
         self.departed: set = set()
         self._sends: List[Any] = []
@@ -124,6 +159,15 @@ class Server:
     def _handle(self, source: int, request: tuple) -> None:
         op, sid = request[0], request[1]
         self.handled[op] = self.handled.get(op, 0) + 1
+        if op != OPEN and sid not in self.stores:
+            # A bug of ours or a store used after close: said, never a crash.
+            why = (f"server {self.index}: {op} from worker {source} for store {sid!r}, which "
+                   f"is not open here (closed, or never opened)")
+            if op == PUSH:
+                sys.stderr.write(f"rabit_py {why}; the push is dropped\n")
+            else:
+                self._reply(source, request[-1] if op != PULL else request[5], "error", why)
+            return
         if op == PUSH:
             _, _, key, part, grad, worker = request
             store = self.stores[sid]
@@ -138,6 +182,11 @@ class Server:
                     store.error = (f"server {self.index}: the updater raised on a push of key "
                                    f"{key!r}:\n{traceback.format_exc()}")
             store.clocks[slot][worker] += 1
+            store.applied += 1
+            if store.every:
+                store.since += 1
+                if store.since >= store.every:
+                    self._save(sid, store)
             if store.waiting.get(slot):
                 self._release(store, slot)
         elif op == PULL:
@@ -148,20 +197,41 @@ class Server:
                 self._answer_pull(store, slot, source, rid)
             else:
                 store.waiting.setdefault(slot, []).append((source, clock, rid))
+        elif op == SYNC:
+            self._reply(source, request[2], "ok", None)
         elif op == OPEN:
-            _, _, staleness, workers, rid = request
-            self.stores[sid] = _Store(staleness, workers)
-            self._reply(source, rid, "ok", None)
+            _, _, staleness, workers, every, rid = request
+            try:
+                self.stores[sid] = self._open(sid, staleness, workers, every)
+            except _Refused as exc:
+                self._reply(source, rid, "error", str(exc))
+            else:
+                self._reply(source, rid, "ok", None)
         elif op == INIT:
             _, _, key, part, value, rid = request
             store = self.stores[sid]
-            store.values[(key, part)] = np.array(value, copy=True)
-            store.clocks[(key, part)] = np.zeros(store.workers, dtype=np.int64)
-            self._reply(source, rid, "ok", None)
+            slot = (key, part)
+            if slot not in store.values:        # restored parts keep their value
+                store.values[slot] = np.array(value, copy=True)
+                store.clocks[slot] = np.zeros(store.workers, dtype=np.int64)
+            elif store.values[slot].shape != np.shape(value) or \
+                    store.values[slot].dtype != np.asarray(value).dtype:
+                self._reply(source, rid, "error",
+                            f"server {self.index}: key {key!r} part {part} was restored from "
+                            f"{store.path} with shape {store.values[slot].shape} and dtype "
+                            f"{store.values[slot].dtype}, but init gives "
+                            f"{np.shape(value)} {np.asarray(value).dtype}: the checkpoint is "
+                            f"of another model; remove it or use another checkpoint folder")
+                return
+            self._reply(source, rid, "ok", store.clocks[slot])
         elif op == UPDATER:
             _, _, blob, rid = request
+            store = self.stores[sid]
             try:
-                self.stores[sid].updater = pickle.loads(blob)
+                store.updater = pickle.loads(blob)
+                if store.restored_states is not None and hasattr(store.updater, "set_states"):
+                    store.updater.set_states(store.restored_states)
+                    store.restored_states = None
             except Exception as exc:  # noqa: BLE001 - told to the worker
                 self._reply(source, rid, "error",
                             f"server {self.index} cannot load the updater ({type(exc).__name__}: "
@@ -171,11 +241,80 @@ class Server:
             else:
                 self._reply(source, rid, "ok", None)
         elif op == CLOSE:
+            # Every worker's close comes behind its own last requests (one
+            # channel per worker): the store goes once all have come.
             _, _, rid = request
-            self.stores.pop(sid, None)
+            store = self.stores[sid]
+            store.closed.add(source)
+            if len(store.closed | self.departed) >= store.workers:
+                del self.stores[sid]
+                if store.every:
+                    self._save(sid, store)
             self._reply(source, rid, "ok", None)
         else:
             raise RuntimeError(f"server {self.index}: unknown request {op!r} from worker {source}")
+
+    # ------------------------------------------------------------ checkpoints
+    def _open(self, sid: Any, staleness: Optional[int], workers: int, every: int) -> _Store:
+        """A new store, restored from its shard checkpoint where one exists
+        (Note [shard checkpoints])."""
+        if not every:
+            return _Store(staleness, workers)
+        folder = self.config.checkpoint_dir
+        if not folder:
+            raise _Refused(f"server {self.index}: checkpoint_every={every} needs a checkpoint "
+                           f"folder: start the job with rabit-run --checkpoint-dir DIR (or "
+                           f"RABIT_CHECKPOINT_DIR for every process)")
+        path = os.path.join(folder, "kvstore", str(sid),
+                            f"server-{self.index}-of-{self.servers}.pkl")
+        store = _Store(staleness, workers, every, path)
+        if not os.path.exists(path):
+            others = glob.glob(os.path.join(os.path.dirname(path), "server-*-of-*.pkl"))
+            if others:
+                raise _Refused(f"server {self.index}: the checkpoint of store {sid!r} in "
+                               f"{os.path.dirname(path)} was written by another number of "
+                               f"servers ({os.path.basename(others[0])}); start the job with "
+                               f"as many servers as before, or remove it")
+            return store
+        try:
+            with open(path, "rb") as f:
+                blob = f.read()
+            saved = pickle.loads(blob) if self.config.trust_checkpoints else \
+                load_data(blob, self.config.allowed_checkpoint_classes)
+            if not isinstance(saved, dict) or saved.get("format") != _SHARD_FORMAT:
+                raise ValueError("not a rabit_py KVStore shard checkpoint")
+        except NotData as exc:
+            raise _Refused(f"server {self.index}: {path} {exc.advice()}") from None
+        except Exception as exc:  # noqa: BLE001 - a corrupt file is refused, said
+            raise _Refused(f"server {self.index}: cannot load {path} ({type(exc).__name__}: "
+                           f"{exc}); remove it to start the store afresh") from None
+        if saved["workers"] != workers:
+            raise _Refused(f"server {self.index}: {path} holds a store of {saved['workers']} "
+                           f"workers, this job has {workers}")
+        store.values, store.clocks = saved["values"], saved["clocks"]
+        store.restored_states, store.applied = saved["updater"], saved["applied"]
+        sys.stderr.write(f"rabit_py server {self.index}: store {sid!r} restored from its "
+                         f"checkpoint ({store.applied} pushes applied); the pushes this server "
+                         f"applied after it (fewer than checkpoint_every={every}) were lost, "
+                         f"and the workers push those steps again from their clocks\n")
+        sys.stderr.flush()
+        return store
+
+    def _save(self, sid: Any, store: _Store) -> None:
+        states = store.updater.get_states() if hasattr(store.updater, "get_states") else \
+            store.restored_states
+        shard = {"format": _SHARD_FORMAT, "store": sid, "server": self.index,
+                 "servers": self.servers, "workers": store.workers, "values": store.values,
+                 "clocks": store.clocks, "updater": states, "applied": store.applied}
+        assert store.path is not None
+        os.makedirs(os.path.dirname(store.path), exist_ok=True)
+        tmp = f"{store.path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            pickle.dump(shard, f, protocol=pickle.HIGHEST_PROTOCOL)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, store.path)
+        store.since = 0
 
     # ------------------------------------------------------------ pulls
     def _allowed(self, store: _Store, slot: _Slot, clock: int) -> bool:
@@ -222,6 +361,10 @@ class Server:
         self._mpi.COMM_WORLD.Abort(1)
 
 
+class _Refused(Exception):
+    """A request the server answers with an error."""
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Run one server process (the job's last ``RABIT_SERVERS`` processes)."""
     config = Config.from_env()
@@ -233,7 +376,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from mpi4py import MPI
 
     own, link = split_world(MPI.COMM_WORLD, config.servers, SERVER)
-    server = Server(link, link.Get_size() - config.servers, own.Get_rank())
+    server = Server(link, link.Get_size() - config.servers, own.Get_rank(), config)
     server.run()
     if config.log_level.upper() == "DEBUG":
         sys.stderr.write(f"rabit_py server {server.index}: handled {server.handled}\n")

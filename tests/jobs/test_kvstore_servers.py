@@ -20,10 +20,12 @@ PROGRAM = [sys.executable, "tests/programs/kv_servers.py"]
 WORKERS, SERVERS, ITERATIONS = 3, 2, 20
 
 
-def servers_job(workers, servers, *args, restarts=0):
+def servers_job(workers, servers, *args, restarts=0, checkpoint_dir=None):
     return [sys.executable, "-m", "rabit_py.launcher", "-n", str(workers), "--servers",
             str(servers), *(["--max-restarts", str(restarts), "--restart-delay", "0.1"]
-                            if restarts else []), "--", *PROGRAM, *args]
+                            if restarts else []),
+            *(["--checkpoint-dir", str(checkpoint_dir)] if checkpoint_dir else []),
+            "--", *PROGRAM, *args]
 
 
 def results(folder, workers):
@@ -88,7 +90,8 @@ def test_the_servers_run_the_optimizer(tmp_path):
 
 
 def test_priorities_order_the_requests_and_a_key_keeps_its_order(tmp_path):
-    code, text = run(servers_job(2, 1, "priority", "--out", str(tmp_path)), timeout=120)
+    code, text = run(servers_job(2, 1, "priority", "--mode", "dist_ssp", "--staleness", "0",
+                                 "--out", str(tmp_path)), timeout=120)
     assert code == 0, text[-6000:]
     for result in results(tmp_path, 2):
         # Queued under hold(): push a (0), push b (5), push c (1), push a (9),
@@ -118,7 +121,9 @@ def test_the_errors_a_user_meets(tmp_path):
         assert seen["ssp_without_staleness"][0] == "ValueError"
         assert "needs staleness=tau" in seen["ssp_without_staleness"][1]
         assert "dist_async has no staleness bound" in seen["async_with_staleness"][1]
-        assert "not built yet" in seen["checkpoint"][1]
+        assert "checkpointed by its servers" in seen["checkpoint"][1]
+        kind, message = seen["checkpoint_without_folder"]
+        assert kind == "KVStoreError" and "needs a checkpoint folder" in message
         kind, message = seen["broken_updater"]
         assert kind == "KVStoreError" and "the updater raised on a push of key 'w'" in message
         assert "ZeroDivisionError: updater bug on key 'w'" in message
@@ -172,17 +177,30 @@ def _cmdline(pid):
 
 
 @pytest.mark.parametrize("which", ["worker", "server"])
-def test_a_killed_process_ends_the_job_and_a_restart_finishes_it(tmp_path, which):
+def test_a_killed_process_ends_the_job_and_a_restart_resumes_from_the_shards(tmp_path, which):
     # In-job recovery of server-backed stores is not built: a worker or a
     # server killed from outside ends the job (no pull waits for ever), and
-    # rabit-run --max-restarts runs it again (a short run this time).
+    # rabit-run --max-restarts runs it again. The servers wrote their parts
+    # every 4 pushes (a step is 6 pushes on one server, 3 on the other: the
+    # parts are restored at different steps): the restarted servers load
+    # them, each worker resumes at its clock and pushes again only the steps
+    # a part lacks, so every worker's every push is applied exactly once.
     killed = []
-    code, text = run(servers_job(WORKERS, 1, "loop", "--mode", "dist_ssp", "--staleness", "1",
-                                 "--iterations", "5", "--delay", "0.005",
-                                 "--out", str(tmp_path), restarts=1),
+    steps = 100
+    code, text = run(servers_job(WORKERS, 2, "resume", "--mode", "dist_ssp", "--staleness", "1",
+                                 "--iterations", str(steps), "--pace", "0.02",
+                                 "--checkpoint-every", "4", "--out", str(tmp_path),
+                                 restarts=1, checkpoint_dir=tmp_path / "ck"),
                      timeout=150, on_line=kill_when_ready(which, killed))
     assert killed, text[-6000:]
     assert code == 0, text[-6000:]
     assert "restart 1 of 1" in text, text[-6000:]
+    restored = [line for line in text.splitlines() if "restored from its checkpoint" in line]
+    assert len(restored) == 2, text[-6000:]                 # both servers
+    starts = []
     for result in results(tmp_path, WORKERS):
-        assert result["small"] == [5.0 * 6] * 5
+        assert result["small"] == [float(steps * sum(r + 1 for r in range(WORKERS)))] * 5
+        assert result["big"] == [float(steps * WORKERS)] * 200
+        starts.append(result["start"])
+    # The restart resumed mid-way: not from scratch, not past the end.
+    assert 0 < min(starts) and max(starts) < steps, (starts, text[-3000:])

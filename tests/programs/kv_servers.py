@@ -7,8 +7,9 @@ Scenarios:
   priority   pushes queued under hold() with priorities, and a pull of another
              key from a second thread: the order they were sent in
   errors     the errors a user meets, each caught and recorded
-  loop       train for ever (slowly), printing "ready RANK PID" first, unless
-             this is a restart (RABIT_RESTART_COUNT > 0): then a short run
+  resume     train with shard checkpoints, printing "ready RANK PID attempt
+             A" first: a restarted job resumes from the servers' checkpoints
+             (each worker's loop starts at kv.clock())
 """
 
 import argparse
@@ -30,7 +31,7 @@ from tests.programs.kv_updaters import broken, scaled_add  # noqa: E402
 
 
 def make_store(args):
-    kwargs = {"bigarray_bound": 64}
+    kwargs = {"bigarray_bound": 64, "checkpoint_every": args.checkpoint_every}
     if args.mode == "dist_ssp":
         kwargs["staleness"] = args.staleness
     return kvstore.create(args.mode, **kwargs)
@@ -44,9 +45,11 @@ def train(kv, args, iterations):
         kv.set_optimizer(SGD(learning_rate=0.5))
     elif args.updater == "scaled":
         kv.set_updater(scaled_add)
-    for _ in range(iterations):
+    start = kv.clock()
+    for _ in range(start, iterations):
         if rank == args.straggler:
             time.sleep(args.delay)
+        time.sleep(args.pace)
         kv.push("small", np.full(5, rank + 1.0))
         kv.push(7, np.ones(200, dtype=np.float32))
         kv.pull("small")
@@ -54,7 +57,8 @@ def train(kv, args, iterations):
     kv.barrier()
     return {"small": kv.pull("small").tolist(), "big": kv.pull(7).tolist(),
             "pull_clocks": [list(r[:3]) + [list(r[3])] for r in kv.pull_clocks],
-            "workers": kv.num_workers, "servers": kv.num_servers, "type": kv.type}
+            "workers": kv.num_workers, "servers": kv.num_servers, "type": kv.type,
+            "start": start}
 
 
 def priority(kv):
@@ -72,6 +76,8 @@ def priority(kv):
             time.sleep(0.01)
     puller.join()
     order = [f"{op} {key}" for key, op in list(kv.sent)[start:]]
+    kv.barrier()                                    # every worker's pushes sent
+    kv.pull("a")                                    # ... and applied: behind them
     values = {k: kv.pull(k).tolist() for k in "abcd"}
     return {"order": order, "values": values}
 
@@ -105,6 +111,8 @@ def errors(kv):
     attempt("ssp_without_staleness", lambda: kvstore.create("dist_ssp"))
     attempt("async_with_staleness", lambda: kvstore.create("dist_async", staleness=2))
     attempt("checkpoint", lambda: kv.checkpoint())
+    attempt("checkpoint_without_folder", lambda: kvstore.create("dist_async",
+                                                                 checkpoint_every=5))
     kv.set_updater(broken)
     kv.push("w", np.ones(4))
     attempt("broken_updater", lambda: kv.pull("w"))
@@ -120,6 +128,8 @@ def main():
     parser.add_argument("--straggler", type=int, default=-1)
     parser.add_argument("--delay", type=float, default=0.02)
     parser.add_argument("--updater", default="none")
+    parser.add_argument("--pace", type=float, default=0.0, help="every worker's sleep a step")
+    parser.add_argument("--checkpoint-every", type=int, default=0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     rabit.init()
@@ -130,10 +140,10 @@ def main():
         result = priority(kv)
     elif args.scenario == "errors":
         result = errors(kv)
-    elif args.scenario == "loop":
+    elif args.scenario == "resume":
         restart = int(os.environ.get("RABIT_RESTART_COUNT", "0"))
         print(f"ready {kv.rank} {os.getpid()} attempt {restart}", flush=True)
-        result = train(kv, args, args.iterations if restart else 10 ** 6)
+        result = train(kv, args, args.iterations)
     else:
         raise SystemExit(f"unknown scenario {args.scenario}")
     kv.close()

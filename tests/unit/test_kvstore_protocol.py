@@ -32,3 +32,23 @@ def test_one_server_or_a_key_below_the_bound_is_not_cut():
     assert partition("big", 10 ** 6, 1, 64) == [(0, 0, 10 ** 6)]
     assert len(partition("big", 63, 4, 64)) == 1
     assert len(partition("big", 3, 4, 2)) == 1      # fewer elements than servers
+
+
+def test_a_restarted_worker_resumes_at_the_oldest_part_and_skips_what_parts_hold():
+    # Note [shard checkpoints]: key "small" restored on one server holding
+    # this worker's pushes 1..49, key 7's two parts on two servers holding
+    # 1..48 and 1..49. The worker resumes at step 48 for every key and sends
+    # step 49's push (its 49th) only to the part that lacks it.
+    import numpy as np
+    from rabit_py.kvstore._remote import _Entry, resume_clock
+
+    small = _Entry(np.zeros(5), partition("small", 5, 2, 64))
+    big = _Entry(np.zeros(200), partition(7, 200, 2, 64))
+    small.restored, big.restored = [49], [48, 49]
+    assert resume_clock([small, big]) == 48
+    small.pushes = big.pushes = 48
+    assert small.holds(0) and not big.holds(0) and big.holds(1)
+    small.pushes = big.pushes = 49
+    assert not small.holds(0) and not big.holds(0) and not big.holds(1)
+    fresh = _Entry(np.zeros(3), partition("x", 3, 2, 64))
+    assert resume_clock([fresh]) == 0 and resume_clock([]) == 0 and not fresh.holds(0)
