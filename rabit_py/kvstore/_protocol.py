@@ -73,19 +73,26 @@ def partition(key: Hashable, size: int, servers: int, bigarray_bound: int) -> Li
 
 # Note [polling]
 # Servers and the workers' progress threads wait for messages by polling
-# the link (MPI has no blocking wait that does not spin a core, and a
-# blocking probe in Open MPI busy-polls): a few probes back to back, then
-# sleeps that grow from 20 us to POLL_MAX_S. The cap bounds the latency a
-# request meets at an idle server, and the polling's cost: a probe costs a
-# few microseconds, so at most a few per cent of a core. Measured (bench_kvstore.py
-# --consistency, 4 workers and 2 servers on the 2-core VM): a cap of 2 ms
-# made a step 3.5 ms slower than dist_sync's.
+# the link (MPI has no blocking wait that does not spin a core: a blocking
+# probe in Open MPI busy-polls): a few probes back to back, then short
+# sleeps (20 us growing to POLL_BUSY_S) while messages came lately, and
+# POLL_IDLE_S once none came for POLL_IDLE_AFTER probes (some 30 ms). The
+# short sleeps bound the latency a request meets at a server in a training
+# loop; the long ones the cost of a server that waits for nothing. Measured
+# on the 2-core VM: a server polling at a 50 us cap used 26% of a core with
+# nothing to do, at 200 us 14%; and with a 200 us cap a step of
+# bench_kvstore.py --consistency (4 workers, 2 servers) took 6% longer
+# than dist_sync's, at 50 us 0-1%.
 POLL_SPINS = 20
-POLL_MAX_S = 200e-6
+POLL_BUSY_S = 50e-6
+POLL_IDLE_AFTER = 400
+POLL_IDLE_S = 2e-3
 
 
 def idle_pause(idle: int) -> float:
     """Seconds to sleep after ``idle`` empty probes in a row (0: probe again)."""
     if idle <= POLL_SPINS:
         return 0.0
-    return min(POLL_MAX_S, 20e-6 * (1 << min(idle - POLL_SPINS, 10)))
+    if idle > POLL_IDLE_AFTER:
+        return POLL_IDLE_S
+    return min(POLL_BUSY_S, 20e-6 * (1 << min(idle - POLL_SPINS, 10)))
