@@ -8,6 +8,7 @@ and rabit-run's restart runs it again to the end."""
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -148,9 +149,9 @@ def test_without_the_variable_the_server_says_how_to_start_it():
     assert code == 2 and "RABIT_SERVERS is not set" in text, text
 
 
-def kill_when_ready(which, killed):
-    """An ``on_line`` that SIGKILLs a process once every worker printed
-    "ready": ``worker`` (worker 1) or ``server`` (the first server)."""
+def kill_when_ready(which, killed, sig=signal.SIGKILL):
+    """An ``on_line`` that sends ``sig`` to a process once every worker
+    printed "ready": ``worker`` (worker 1) or ``server`` (the first server)."""
     ready = {}
 
     def on_line(line):
@@ -163,21 +164,24 @@ def kill_when_ready(which, killed):
             else:
                 from rabit_py.launcher._processes import descendants
                 victim = next(p for p in descendants(os.getpid())
-                              if b"rabit_py.kvstore.server" in _cmdline(p))
+                              if _cmdline(p)[1:3] == [b"-m", b"rabit_py.kvstore.server"])
             killed.append(victim)
-            threading.Timer(0.5, os.kill, (victim, signal.SIGKILL)).start()
+            threading.Timer(0.5, os.kill, (victim, sig)).start()
     return on_line
 
 
 def _cmdline(pid):
+    """A process's arguments (a server: PYTHON -m rabit_py.kvstore.server;
+    mpirun's own line names the module too, after other words)."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
-        return b""
+        return []
 
 
-@pytest.mark.parametrize("which", ["worker", "server"])
-def test_a_killed_process_ends_the_job_and_a_restart_resumes_from_the_shards(tmp_path, which):
+@pytest.mark.parametrize("which,hogs", [("worker", 0), ("server", 0), ("server", 2)])
+def test_a_killed_process_ends_the_job_and_a_restart_resumes_from_the_shards(tmp_path, which,
+                                                                            hogs):
     # In-job recovery of server-backed stores is not built: a worker or a
     # server killed from outside ends the job (no pull waits for ever), and
     # rabit-run --max-restarts runs it again. The servers wrote their parts
@@ -187,14 +191,25 @@ def test_a_killed_process_ends_the_job_and_a_restart_resumes_from_the_shards(tmp
     # a part lacks, so every worker's every push is applied exactly once.
     killed = []
     steps = 100
-    code, text = run(servers_job(WORKERS, 2, "resume", "--mode", "dist_ssp", "--staleness", "1",
-                                 "--iterations", str(steps), "--pace", "0.02",
-                                 "--checkpoint-every", "4", "--out", str(tmp_path),
-                                 restarts=1, checkpoint_dir=tmp_path / "ck"),
-                     timeout=150, on_line=kill_when_ready(which, killed))
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
+    try:
+        code, text = run(servers_job(WORKERS, 2, "resume", "--mode", "dist_ssp", "--staleness",
+                                     "1", "--iterations", str(steps), "--pace", "0.02",
+                                     "--checkpoint-every", "4", "--out", str(tmp_path),
+                                     restarts=1, checkpoint_dir=tmp_path / "ck"),
+                         timeout=240, on_line=kill_when_ready(which, killed))
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
     assert killed, text[-6000:]
     assert code == 0, text[-6000:]
     assert "restart 1 of 1" in text, text[-6000:]
+    first = text[:text.index("restart 1 of 1")]
+    if which == "worker":       # the servers end the job (no in-job recovery of it yet)
+        assert "a process of the job failed" in first, first[-6000:]
+    else:                       # the workers' links fail
+        assert "the link to the servers failed" in first, first[-6000:]
     restored = [line for line in text.splitlines() if "restored from its checkpoint" in line]
     assert len(restored) == 2, text[-6000:]                 # both servers
     starts = []
@@ -204,3 +219,23 @@ def test_a_killed_process_ends_the_job_and_a_restart_resumes_from_the_shards(tmp
         starts.append(result["start"])
     # The restart resumed mid-way: not from scratch, not past the end.
     assert 0 < min(starts) and max(starts) < steps, (starts, text[-3000:])
+
+
+def test_a_frozen_server_times_the_pulls_out_and_a_restart_resumes(tmp_path):
+    # SIGSTOP: the server holds its state but answers nothing. The workers'
+    # pulls wait their timeout (3 s here), raise a restartable
+    # KVStoreError, and rabit-run's restart resumes from the shards.
+    stopped = []
+    steps = 100
+    code, text = run(servers_job(WORKERS, 2, "resume", "--mode", "dist_async",
+                                 "--iterations", str(steps), "--pace", "0.02",
+                                 "--checkpoint-every", "4", "--timeout", "3",
+                                 "--out", str(tmp_path), restarts=1,
+                                 checkpoint_dir=tmp_path / "ck"),
+                     timeout=150, on_line=kill_when_ready("server", stopped, signal.SIGSTOP))
+    assert stopped and code == 0, text[-6000:]
+    assert "no answer from the servers within 3 s" in text, text[-6000:]
+    assert "restart 1 of 1" in text, text[-6000:]
+    for result in results(tmp_path, WORKERS):
+        assert result["small"] == [float(steps * sum(r + 1 for r in range(WORKERS)))] * 5
+        assert result["big"] == [float(steps * WORKERS)] * 200
