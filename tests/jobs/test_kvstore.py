@@ -63,3 +63,17 @@ def test_a_restarted_job_resumes_from_the_durable_checkpoint(checkpointed, tmp_p
     assert "restart 1 of 1" in text and "resumed from durable checkpoint version 7" in text, \
         text[-6000:]
     assert weights(out)["weights"] == checkpointed["weights"]
+
+
+@pytest.mark.parametrize("kvtype", ["dist_async", "dist_ssp"])
+def test_the_example_on_server_processes_reaches_the_least_squares_solution(tmp_path, kvtype):
+    out = tmp_path / "w.json"
+    cmd = [sys.executable, "-m", "rabit_py.launcher", "-n", "4", "--servers", "2", "--",
+           sys.executable, "scripts/kvstore_sgd.py", "--steps", "200", "--kvtype", kvtype,
+           "--out", str(out)]
+    code, text = run(cmd, timeout=120)
+    assert code == 0, text[-6000:]
+    figures = weights(out)
+    assert figures["kvtype"] == kvtype and figures["world_size"] == 4
+    assert figures["relative_distance_to_lstsq"] < 1e-3
+    assert figures["loss"] == pytest.approx(figures["best_loss"], rel=1e-3)
