@@ -1,5 +1,6 @@
 """Server processes beside the workers: how a job's processes split into
-the two roles (a contract between the engine, which runs on the workers, and
+the two roles, and how a replacement worker reaches the servers (a contract
+between the engine, which runs on the workers, ``rabit_py.kvstore``, and
 ``rabit_py.kvstore.server``, which runs on the servers).
 
 # Note [server processes]
@@ -8,20 +9,22 @@ A job with parameter servers (``RABIT_SERVERS=S``, set by ``rabit-run
 programs (``mpirun -n W python train.py : -n S python -m
 rabit_py.kvstore.server``): ranks ``0 .. W-1`` of ``MPI.COMM_WORLD`` are the
 workers, the last ``S`` the servers. Every process, in ``rabit_py.init()``
-on a worker and at the start of the server program, makes the same two
-collective calls over ``COMM_WORLD``, in this order:
+on a worker and at the start of the server program, makes the same calls
+over ``COMM_WORLD``, in this order:
 
 1. ``Split`` by role (workers: colour 0, servers: colour 1, in world order):
    the workers' engine runs on the workers' part, so its collectives never
    involve a server;
 2. ``Dup``: the *link*, on which workers and servers exchange the store's
    requests and replies point to point (never a collective), apart from any
-   traffic of the program's own on ``COMM_WORLD``.
+   traffic of the program's own on ``COMM_WORLD``;
+3. the first server opens an MPI port and sends its name to every worker on
+   the link (:data:`PORT_TAG`): where a replacement worker, which is not in
+   ``COMM_WORLD``, connects to the servers (:func:`connect_replacement`).
 
 A worker's ``rabit_py.finalize()`` sends every server one empty message
-tagged :data:`BYE_TAG` on the link; a server ends once every worker said
-goodbye (or is known dead). Tags below :data:`BYE_TAG` belong to the store's
-protocol (``rabit_py.kvstore``).
+tagged :data:`BYE_TAG` on its link; a server ends once every worker said
+goodbye.
 
 Spares (``RABIT_SPARES``) are taken from the end of ``COMM_WORLD`` too; the
 two are not combined yet (refused at ``init``).
@@ -31,16 +34,19 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
-__all__ = ["WORKER", "SERVER", "BYE_TAG", "split_world", "say_goodbye", "server_ranks"]
+__all__ = ["WORKER", "SERVER", "BYE_TAG", "PORT_TAG", "HELLO_TAG", "split_world",
+           "say_goodbye", "server_ranks", "connect_replacement"]
 
 WORKER = 0
 SERVER = 1
 BYE_TAG = 999
+PORT_TAG = 998
+HELLO_TAG = 997
 
 
-def split_world(world: Any, servers: int, role: int) -> Tuple[Any, Any]:
-    """Note [server processes]: the two collectives every process of the
-    job makes. Returns ``(own_role_comm, link)``; the link returns errors
+def split_world(world: Any, servers: int, role: int) -> Tuple[Any, Any, str]:
+    """Note [server processes]: the calls every process of the job makes.
+    Returns ``(own_role_comm, link, port)``; the link returns errors
     (``ERRORS_RETURN``) instead of aborting.
 
     Args:
@@ -52,6 +58,8 @@ def split_world(world: Any, servers: int, role: int) -> Tuple[Any, Any]:
         ValueError: ``servers`` leaves no worker, or this process's rank
             does not fit its role (a server among the first ranks).
     """
+    from mpi4py import MPI
+
     size, rank = world.Get_size(), world.Get_rank()
     if servers < 1 or servers >= size:
         raise ValueError(f"RABIT_SERVERS={servers} with {size} processes in the job: need at "
@@ -61,24 +69,44 @@ def split_world(world: Any, servers: int, role: int) -> Tuple[Any, Any]:
     expected = SERVER if rank >= size - servers else WORKER
     own = world.Split(role, rank)
     link = world.Dup()
-    link.Set_errhandler(_errors_return())
+    link.Set_errhandler(MPI.ERRORS_RETURN)
     if role != expected:
         name = "server" if role == SERVER else "worker"
         raise ValueError(f"process {rank} of {size} is a {name}, but with RABIT_SERVERS="
                          f"{servers} the last {servers} processes are the servers: start the "
                          f"workers' program first (mpirun -n W python train.py : -n {servers} "
                          f"python -m rabit_py.kvstore.server)")
-    return own, link
+    first_server = size - servers
+    if role == SERVER:
+        port = MPI.Open_port() if own.Get_rank() == 0 else None
+        port = own.bcast(port, root=0)
+        if own.Get_rank() == 0:
+            for worker in range(first_server):
+                link.send(port, dest=worker, tag=PORT_TAG)
+    else:
+        port = link.recv(source=first_server, tag=PORT_TAG)
+    return own, link, port
 
 
-def _errors_return() -> Any:
+def connect_replacement(port: str, rank: int) -> Any:
+    """A replacement worker (spawned by the job's in-job recovery, outside
+    ``COMM_WORLD``) connects to the servers' port: the intercommunicator
+    that is its link (the servers are its remote group), after telling them
+    its rank (:data:`HELLO_TAG`). Raises ``MPI.Exception``."""
     from mpi4py import MPI
 
-    return MPI.ERRORS_RETURN
+    link = MPI.COMM_SELF.Connect(port, root=0)
+    link.Set_errhandler(MPI.ERRORS_RETURN)
+    for server in range(link.Get_remote_size()):
+        link.send(rank, dest=server, tag=HELLO_TAG)
+    return link
 
 
 def server_ranks(link: Any, servers: int) -> range:
-    """The servers' ranks on the link (the last ``servers``)."""
+    """The servers' ranks on the link (the last ``servers`` of the job's
+    link; every remote rank of a replacement's)."""
+    if link.Is_inter():
+        return range(link.Get_remote_size())
     size = link.Get_size()
     return range(size - servers, size)
 

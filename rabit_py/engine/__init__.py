@@ -64,9 +64,9 @@ def create(config: "Config", comm: Optional[Any] = None,
             f"RABIT_SPARES={config.spares}: spares replace failed ranks, which only the robust "
             f"engine does; launch the job with fault tolerance (`rabit-run --spares "
             f"{config.spares} -n N python ...`) or set RABIT_SPARES=0")
-    link = None
+    link, port = None, ""
     if config.servers:
-        comm, link = _split_off_servers(config, comm, name)
+        comm, link, port = _split_off_servers(config, comm, name)
     if name == "mock":
         from .mock import MockEngine
         engine: Engine = MockEngine(config, comm, device_transports=device_transports)
@@ -75,7 +75,7 @@ def create(config: "Config", comm: Optional[Any] = None,
         engine = RobustEngine(config, comm, device_transports=device_transports)
     else:
         engine = MpiEngine(config, comm, device_transports=device_transports)
-    engine.server_link = link
+    engine.server_link, engine.server_port = link, port
     return engine
 
 
@@ -99,9 +99,9 @@ def _split_off_servers(config: "Config", comm: Optional[Any], name: str) -> tupl
         from .recovery import is_replacement
 
         if is_replacement():
-            raise RabitError("a replacement worker cannot reach the job's server processes "
-                             "(in-job recovery of a job with servers is not built yet): "
-                             "the job ends, and rabit-run --max-restarts starts it again")
+            # Outside COMM_WORLD: its store connects to the servers itself
+            # (connect_replacement in rabit_py/_servers.py).
+            return None, None, ""
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
     with deadline(config.timeout, lambda _: abort_init(

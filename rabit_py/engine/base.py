@@ -135,6 +135,10 @@ class EngineInfo:
     #: [checkpoints are data] in ``rabit_py/_unpickle.py``
     checkpoint_classes: Tuple[str, ...] = ()
     trust_checkpoints: bool = False
+    #: the job's parameter-server processes (``RABIT_SERVERS``), and their
+    #: MPI port ("" where unknown: a replacement learns it from rank 0)
+    servers: int = 0
+    server_port: str = ""
 
 
 class Engine(abc.ABC):
@@ -145,7 +149,10 @@ class Engine(abc.ABC):
 
     #: the communicator that reaches the job's server processes (Note
     #: [server processes] in ``rabit_py/_servers.py``); None without servers
+    #: (and in a replacement worker, whose store connects to ``server_port``)
     server_link: Optional[Any] = None
+    #: the servers' MPI port ("" without servers, or unknown here)
+    server_port: str = ""
 
     @property
     @abc.abstractmethod

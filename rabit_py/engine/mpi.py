@@ -246,7 +246,8 @@ class MpiEngine(Engine, Transport):
             nccl=self._resources.nccl is not None, shared_memory=self._reduce.shared_memory,
             cache_bytes=0, cache_budget=0, cache_refused=0,
             checkpoint_classes=self._config.allowed_checkpoint_classes,
-            trust_checkpoints=self._config.trust_checkpoints)
+            trust_checkpoints=self._config.trust_checkpoints, servers=self._config.servers,
+            server_port=self.server_port)
 
     # ------------------------------------------------------- device support
     # (Documented in the Engine interface.)

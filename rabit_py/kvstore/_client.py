@@ -30,6 +30,7 @@ import threading
 import time
 from typing import Any, Deque, Dict, Hashable, Iterator, List, Optional, Tuple
 
+from .._servers import say_goodbye
 from ._protocol import REPLY_TAG, REQUEST_TAG, idle_pause
 
 __all__ = ["Client", "Pending"]
@@ -54,11 +55,14 @@ class Client:
     """The progress thread of one worker process (Note [sending order]).
 
     Args:
-        link: the link communicator (Note [server processes]).
-        first_server: the servers' first rank on the link.
+        link: the link communicator (Note [server processes]), or a
+            replacement's connection to the servers (an intercommunicator).
+        first_server: the servers' first rank on the link (0 on a
+            replacement's connection).
+        servers: the number of servers.
     """
 
-    def __init__(self, link: Any, first_server: int) -> None:
+    def __init__(self, link: Any, first_server: int, servers: int) -> None:
         from mpi4py import MPI
 
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
@@ -68,6 +72,7 @@ class Client:
         self._mpi = MPI
         self.link = link
         self.first_server = first_server
+        self.servers = servers
         self._cond = threading.Condition()
         self._heads: List[Tuple[int, int, Hashable]] = []       # (-priority, seq, key)
         self._queues: Dict[Hashable, Deque[Tuple[int, int, int, tuple]]] = {}
@@ -154,7 +159,9 @@ class Client:
                 self._cond.notify()
 
     def close(self, timeout: float = 60.0) -> None:
-        """Send what is queued, then stop the thread."""
+        """Send what is queued, then stop the thread. A replacement's own
+        connection also says goodbye to the servers here (the job's link
+        does at ``finalize``: Note [server processes])."""
         try:
             if self.error is None:
                 self.flush(timeout)
@@ -163,6 +170,29 @@ class Client:
                 self._stopping = True
                 self._cond.notify()
             self._thread.join(timeout)
+            if self.link.Is_inter():
+                say_goodbye(self.link, self.servers)
+
+    def _peer_failed(self, exc: Any) -> None:
+        """Note [replaced workers] in ``server.py``: a worker's death only
+        acknowledged (the job's recovery replaces it); a server's (or any
+        other error) fails the link."""
+        MPI = self._mpi
+        codes = (getattr(MPI, "ERR_PROC_FAILED", 75), getattr(MPI, "ERR_PROC_FAILED_PENDING", 76))
+        if exc.Get_error_class() not in codes or self.link.Is_inter():
+            raise exc
+        self.link.Ack_failed()
+        group = self.link.Get_failed()
+        try:
+            base = self.link.Get_group()
+            try:
+                dead = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), base)
+            finally:
+                base.Free()
+        finally:
+            group.Free()
+        if any(rank >= self.first_server for rank in dead):
+            raise exc
 
     # ------------------------------------------------------------ the thread
     def _take(self) -> List[Tuple[int, tuple, Hashable]]:
@@ -205,7 +235,11 @@ class Client:
                             self._sends = left
                             self._cond.notify_all()
                 while self._due:
-                    message = self.link.improbe(MPI.ANY_SOURCE, REPLY_TAG, status)
+                    try:
+                        message = self.link.improbe(MPI.ANY_SOURCE, REPLY_TAG, status)
+                    except MPI.Exception as exc:
+                        self._peer_failed(exc)      # another worker: go on
+                        continue
                     if message is None:
                         break
                     rid, answer, payload = message.recv()

@@ -13,18 +13,23 @@ earlier pushes of that key, whatever their priorities.
 Requests are tuples ``(op, store, ...)``; ``store`` is the id the workers
 agreed on when they made the store, so several stores share the servers:
 
-- ``OPEN, store, staleness, workers, id``: make the store's state (rank 0);
-  answer ``None``;
+- ``OPEN, store, staleness, workers, checkpoint_every, id``: make the
+  store's state, unless it exists (rank 0, again in a replacement of rank
+  0); answer ``None``;
 - ``INIT, store, key, part, array, id``: a part's first value (rank 0);
   answer ``None``;
 - ``UPDATER, store, pickled, id``: the updater that pushes run through
-  (rank 0); answer ``None`` or the error's text;
+  (rank 0; the same bytes again change nothing); answer ``None`` or the
+  error's text;
 - ``PUSH, store, key, part, array, worker``: apply a gradient part (no
   answer): through the updater, else added to the value (ps-lite's default
   server handle);
 - ``PULL, store, key, part, clock, id, worker``: answer ``(value, clocks)``
   once the consistency model allows (Note [bounded delay] in ``server.py``);
   ``clocks[w]`` is the number of worker ``w``'s pushes that ``value`` holds;
+- ``CLOCKS, store, key, part, id``: answer the part's ``clocks`` (how many
+  pushes of each worker it holds: where a restarted or replaced worker
+  resumes);
 - ``SYNC, store, id``: answer ``None`` at once; as it comes behind the
   worker's pushes, the answer says they are applied (``wait_all``);
 - ``CLOSE, store, id``: this worker is done with the store (every worker
@@ -46,14 +51,15 @@ from __future__ import annotations
 import zlib
 from typing import Hashable, List, Tuple
 
-__all__ = ["REQUEST_TAG", "REPLY_TAG", "OPEN", "INIT", "UPDATER", "PUSH", "PULL", "SYNC", "CLOSE",
+__all__ = ["REQUEST_TAG", "REPLY_TAG", "OPEN", "INIT", "UPDATER", "PUSH", "PULL", "SYNC", "CLOCKS",
+           "CLOSE",
            "Part", "partition", "idle_pause"]
 
 REQUEST_TAG = 1
 REPLY_TAG = 2
 
-OPEN, INIT, UPDATER, PUSH, PULL, SYNC, CLOSE = ("open", "init", "updater", "push", "pull",
-                                               "sync", "close")
+OPEN, INIT, UPDATER, PUSH, PULL, SYNC, CLOCKS, CLOSE = (
+    "open", "init", "updater", "push", "pull", "sync", "clocks", "close")
 
 #: one part of a key: (server index among the servers, first element, end)
 Part = Tuple[int, int, int]

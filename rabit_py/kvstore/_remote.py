@@ -14,12 +14,14 @@ workers, as in MXNet (rank 0 talks to the servers, the others wait for it).
 What is guaranteed: each server applies one worker's pushes in the order
 they were made; a pull sees its own worker's earlier pushes of that key;
 in ``dist_ssp`` a pull at clock ``c`` (this worker's pushes of the key so
-far) sees every other worker's first ``c - staleness`` pushes of it, which
-the worker checks on every answer (``pull_clocks`` keeps the evidence).
-What is not: the order in which the servers apply different workers'
-pushes depends on timing, so results are not bitwise reproducible from run
-to run, unlike ``dist_sync``; and a failure of a worker or a server ends
-the job for now (the store has no checkpoint yet).
+far) sees every other worker's first ``c - staleness`` pushes of it (but a
+dead worker's, until its replacement connects), which the worker checks on
+every answer (``pull_clocks`` keeps the evidence). What is not: the order
+in which the servers apply different workers' pushes depends on timing, so
+results are not bitwise reproducible from run to run, unlike
+``dist_sync``. A dead worker is replaced in the job (Note [replaced
+workers] in ``server.py``); a dead server ends the job, which a restart
+resumes from the servers' shard checkpoints (Note [shard checkpoints]).
 """
 
 from __future__ import annotations
@@ -32,11 +34,12 @@ import numpy as np
 
 from .. import api
 from .._arrays import is_device_array, to_host
+from .._servers import connect_replacement
 from ..errors import KVStoreError, NotInitializedError
 from ..ops import Op
 from ._client import Client
 from ._plans import Key, check_key
-from ._protocol import CLOSE, INIT, OPEN, PULL, PUSH, SYNC, UPDATER, Part, partition
+from ._protocol import CLOCKS, CLOSE, INIT, OPEN, PULL, PUSH, SYNC, UPDATER, Part, partition
 from .optimizer import Optimizer, Updater
 
 __all__ = ["ServerKVStore", "ASYNC_TYPES"]
@@ -119,22 +122,34 @@ class ServerKVStore:
             api.get_rank()
         except NotInitializedError:
             api.init()
-        link = api.server_comm()
-        if link is None:
+        info = api.engine_info()
+        if not info.servers:
             raise KVStoreError(f"rank {api.get_rank()}: kvtype={kvtype!r} runs on server "
                                f"processes, and this job has none: start it with rabit-run -n "
                                f"W --servers S python ... (or mpirun -x RABIT_SERVERS=S -n W "
                                f"python ... : -n S python -m rabit_py.kvstore.server)")
+        # Rank 0's port, also for a replacement (Note [replaced workers] in
+        # server.py): to it this broadcast is answered from the others' results.
+        port = api.broadcast(info.server_port if info.rank == 0 else None, root=0)
         self._kvtype = kvtype
         self.staleness = staleness
         self.bigarray_bound = int(bigarray_bound)
         self.timeout = float(timeout)
         self._workers = api.get_world_size()
-        self._servers = link.Get_size() - self._workers
+        self._servers = info.servers
         resources = api.resources()
         client = getattr(resources, "server_client", None)
         if client is None:
-            client = resources.server_client = Client(link, self._workers)
+            link = api.server_comm()
+            if link is None:                # a replacement: connect to the servers
+                try:
+                    link = connect_replacement(port, info.rank)
+                except Exception as exc:  # noqa: BLE001
+                    raise self._link_failed(exc) from exc
+                client = Client(link, 0, self._servers)
+            else:
+                client = Client(link, self._workers, self._servers)
+            resources.server_client = client
         self._client: Client = client
         self._keys: Dict[Key, _Entry] = {}
         self._pushed = False
@@ -230,18 +245,26 @@ class ServerKVStore:
             flat = array.reshape(-1)
             for part, (server, start, stop) in enumerate(entry.parts):
                 requests.append((server, (INIT, self._sid, k, part, flat[start:stop])))
-        answers = self._from_rank0("init", requests)
-        # What restored parts hold already (Note [shard checkpoints] in
-        # server.py). Until the first push every key resumes at the store's
-        # clock, the fewest this worker's pushes any part holds: the step the
-        # program restarts at (each key pushed once a step); parts that hold
-        # later steps skip them.
-        at = 0
+        self._from_rank0("init", requests)
+        # What the parts hold of this worker's pushes already: restored from
+        # a checkpoint (Note [shard checkpoints] in server.py), or pushed by
+        # the worker this process replaces (Note [replaced workers]). Asked
+        # by every worker itself: rank 0's answers, broadcast, would be
+        # replayed to a replacement as they were. Until the first push every
+        # key resumes at the store's clock, the fewest of this worker's
+        # pushes any part holds: the step the program restarts at (each key
+        # pushed once a step); parts that hold later steps skip them.
+        waits = []
+        for k in keys:
+            for part, (server, _, _) in enumerate(self._keys[k].parts):
+                rid = self._client.next_id()
+                waits.append((k, part, self._send(server, ("control", "clocks"), 0,
+                                                  (CLOCKS, self._sid, k, part, rid), rid)))
+        for k, part, pending in waits:
+            clocks = self._answer(pending, f"init of key {k!r}")
+            self._keys[k].restored[part] = int(clocks[self.rank])
         for k in keys:
             entry = self._keys[k]
-            for part in range(len(entry.parts)):
-                entry.restored[part] = int(answers[at][self.rank])
-                at += 1
             entry.pushes = min(entry.restored)
         if not self._pushed:
             resume = resume_clock(list(self._keys.values()))
@@ -318,8 +341,8 @@ class ServerKVStore:
             for part, pending in enumerate(waits):
                 _, start, stop = entry.parts[part]
                 payload = self._answer(pending, f"pull of key {k!r}")
-                part_value, clocks, departed = payload
-                self._check_bound(k, part, clock, clocks, departed)
+                part_value, clocks, absent = payload
+                self._check_bound(k, part, clock, clocks, absent)
                 value[start:stop] = part_value
             results.append(_copy_out(k, value.reshape(entry.shape), o, self.rank))
         return results[0] if single else results
@@ -477,14 +500,14 @@ class ServerKVStore:
         return answers
 
     def _check_bound(self, key: Key, part: int, clock: int, clocks: np.ndarray,
-                     departed: Tuple[int, ...]) -> None:
+                     absent: Tuple[int, ...]) -> None:
         """Record what an answer held, and check it against the bound
         (Note [bounded delay]): the server enforces it, this checks the
         server."""
         held = tuple(int(c) for c in clocks)
         self.pull_clocks.append((key, part, clock, held))
         floor = clock if self.staleness is None else clock - self.staleness
-        behind = [w for w, c in enumerate(held) if c < floor and w not in departed
+        behind = [w for w, c in enumerate(held) if c < floor and w not in absent
                   and (self.staleness is not None or w == self.rank)]
         if behind:
             raise KVStoreError(f"rank {self.rank}: pull of key {key!r} at clock {clock} got a "

@@ -54,7 +54,9 @@ from __future__ import annotations
 import glob
 import os
 import pickle
+import queue
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Dict, Hashable, List, Optional, Tuple
@@ -62,10 +64,11 @@ from typing import Any, Dict, Hashable, List, Optional, Tuple
 import numpy as np
 
 from .._servers import BYE_TAG, SERVER, split_world
+from .._status import RESTART, Reporter
 from .._unpickle import NotData, load_data
 from ..config import Config
-from ._protocol import (CLOSE, INIT, OPEN, PULL, PUSH, REPLY_TAG, REQUEST_TAG, SYNC, UPDATER,
-                        idle_pause)
+from ._protocol import (CLOCKS, CLOSE, INIT, OPEN, PULL, PUSH, REPLY_TAG, REQUEST_TAG, SYNC,
+                        UPDATER, idle_pause)
 
 __all__ = ["Server", "main"]
 
@@ -88,6 +91,7 @@ class _Store:
         self.since = 0
         self.applied = 0
         self.restored_states: Any = None
+        self.updater_blob: Optional[bytes] = None
         #: the workers that closed the store
         self.closed: set = set()
         self.updater: Any = None
@@ -109,7 +113,7 @@ class Server:
     """
 
     def __init__(self, link: Any, workers: int, index: int,
-                 config: Optional[Config] = None) -> None:
+                 config: Optional[Config] = None, own: Any = None, port: str = "") -> None:
         from mpi4py import MPI
 
         self._mpi = MPI
@@ -118,9 +122,22 @@ class Server:
         self.index = index
         self.config = config or Config()
         self.servers = link.Get_size() - workers
-        self.stores: Dict[int, _Store] = {}
+        self.stores: Dict[Any, _Store] = {}
         self.departed: set = set()
+        #: workers dead and not replaced yet (Note [replaced workers])
+        self.dead: set = set()
+        #: how each worker is reached: (communicator, its rank there)
+        self.routes: Dict[int, Tuple[Any, int]] = {w: (link, w) for w in range(workers)}
+        #: the channels polled: the link, then each replacement's
+        self.channels: List[Any] = [link]
+        self._own, self._port = own, port
+        self._arrivals: "queue.Queue[Tuple[int, Any]]" = queue.Queue()
+        self._to_accept = 0
+        self._accepting: Optional[threading.Thread] = None
+        self._accept_lock = threading.Condition()
         self._sends: List[Any] = []
+        #: where rabit-run learns how this server does (None: nowhere)
+        self.reporter: Optional[Reporter] = None
         #: requests handled, by operation (for tests and the log)
         self.handled: Dict[str, int] = {}
 
@@ -131,32 +148,130 @@ class Server:
         status = MPI.Status()
         idle = 0
         while len(self.departed) < self.workers:
+            self._admit()
+            message = None
+            for channel in self.channels:
+                try:
+                    message = channel.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+                except MPI.Exception as exc:
+                    self._failed(channel, exc)
+                    break
+                if message is not None:
+                    break
+            if message is None:
+                self._complete_sends()
+                idle += 1
+                pause = idle_pause(idle)     # Note [polling] in _protocol.py
+                if pause:
+                    time.sleep(pause)
+                continue
+            idle = 0
             try:
-                message = self.link.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
-                if message is None:
-                    self._complete_sends()
-                    idle += 1
-                    pause = idle_pause(idle)     # Note [polling] in _protocol.py
-                    if pause:
-                        time.sleep(pause)
-                    continue
-                idle = 0
                 request = message.recv()
             except MPI.Exception as exc:
-                self._lost(exc)
-                return
+                self._failed(channel, exc)
+                continue
             source, tag = status.Get_source(), status.Get_tag()
+            worker = source if channel is self.link else self._worker_of(channel)
             if tag == BYE_TAG:
-                self.departed.add(source)
-                for store in self.stores.values():
-                    for slot in list(store.waiting):
-                        self._release(store, slot)
+                self.departed.add(worker)
+                self._release_all()
             elif tag == REQUEST_TAG:
-                self._handle(source, request)
+                self._handle(worker, request)
         for request in self._sends:
-            request.wait()
+            try:
+                request.wait()
+            except MPI.Exception:
+                pass
+
+    # ------------------------------------------------------------ failures
+    # Note [replaced workers]
+    # A worker that dies is noticed here as an error of the probe on the
+    # link (ULFM: a receive from any source fails once a process of the
+    # communicator failed, until the failure is acknowledged). A dead server
+    # ends the job (its parts are gone; a restart resumes from the shard
+    # checkpoints). A dead worker is acknowledged and set aside: its waiting
+    # pulls are dropped, and until a replacement takes its place it holds
+    # nobody back (the bound of dist_ssp counts the workers alive). The job's
+    # in-job recovery starts the replacement when the other workers next
+    # make a collective (the robust engine repairs inside a call); it runs
+    # the program from its start, learns the servers' port from rank 0's
+    # broadcast when it makes the store (replayed from the survivors'
+    # results), connects (MPI_Comm_connect; a thread here accepts, all
+    # servers together) and says which worker it is; from then on it is
+    # reached on that connection, resumes at its clock (the pushes of the
+    # dead worker that the servers applied), and is waited for again.
+    def _failed(self, channel: Any, exc: BaseException) -> None:
+        if exc.Get_error_class() not in _proc_failed(self._mpi) or not self._port:
+            self._lost(exc)
+        channel.Ack_failed()
+        failed = _failed_ranks(channel)
+        if channel is self.link:
+            if any(rank >= self.workers for rank in failed):
+                self._lost(exc)
+            lost = [w for w in failed if w not in self.dead and self.routes.get(w, (None,))[0]
+                    is self.link]
+        else:
+            lost = [self._worker_of(channel)]
+            self.channels.remove(channel)
+        for worker in lost:
+            self.dead.add(worker)
+            self.routes.pop(worker, None)
+            for store in self.stores.values():
+                for slot, waiting in store.waiting.items():
+                    store.waiting[slot] = [item for item in waiting if item[0] != worker]
+        if lost:
+            sys.stderr.write(f"rabit_py server {self.index}: worker(s) {sorted(lost)} died; "
+                             f"serving the others and waiting for the replacement(s)\n")
+            sys.stderr.flush()
+            self._release_all()
+            with self._accept_lock:
+                self._to_accept += len(lost)
+                self._accept_lock.notify()
+            if self._accepting is None:
+                self._accepting = threading.Thread(target=self._accept_replacements,
+                                                   name="rabit_py-server-accept", daemon=True)
+                self._accepting.start()
+
+    def _accept_replacements(self) -> None:
+        """A thread: accept each replacement's connection (collective over
+        the servers) and hand it to the loop."""
+        from .._servers import HELLO_TAG
+
+        while True:
+            with self._accept_lock:
+                while self._to_accept == 0:
+                    self._accept_lock.wait()
+                self._to_accept -= 1
+            channel = self._own.Accept(self._port, root=0)
+            channel.Set_errhandler(self._mpi.ERRORS_RETURN)
+            worker = channel.recv(source=0, tag=HELLO_TAG)
+            self._arrivals.put((worker, channel))
+
+    def _admit(self) -> None:
+        """Replacements that connected (Note [replaced workers])."""
+        while not self._arrivals.empty():
+            worker, channel = self._arrivals.get()
+            self.routes[worker] = (channel, 0)
+            self.channels.append(channel)
+            self.dead.discard(worker)
+            sys.stderr.write(f"rabit_py server {self.index}: the replacement of worker "
+                             f"{worker} connected\n")
+            sys.stderr.flush()
+
+    def _worker_of(self, channel: Any) -> int:
+        for worker, (comm, _) in self.routes.items():
+            if comm is channel:
+                return worker
+        raise RuntimeError("a channel of no worker")
+
+    def _release_all(self) -> None:
+        for store in self.stores.values():
+            for slot in list(store.waiting):
+                self._release(store, slot)
 
     def _handle(self, source: int, request: tuple) -> None:
+        """One request of worker ``source``."""
         op, sid = request[0], request[1]
         self.handled[op] = self.handled.get(op, 0) + 1
         if op != OPEN and sid not in self.stores:
@@ -199,10 +314,14 @@ class Server:
                 store.waiting.setdefault(slot, []).append((source, clock, rid))
         elif op == SYNC:
             self._reply(source, request[2], "ok", None)
+        elif op == CLOCKS:
+            _, _, key, part, rid = request
+            self._reply(source, rid, "ok", self.stores[sid].clocks[(key, part)])
         elif op == OPEN:
             _, _, staleness, workers, every, rid = request
             try:
-                self.stores[sid] = self._open(sid, staleness, workers, every)
+                if sid not in self.stores:      # again: a replacement's rank 0
+                    self.stores[sid] = self._open(sid, staleness, workers, every)
             except _Refused as exc:
                 self._reply(source, rid, "error", str(exc))
             else:
@@ -227,8 +346,12 @@ class Server:
         elif op == UPDATER:
             _, _, blob, rid = request
             store = self.stores[sid]
+            if blob == store.updater_blob:      # again: a replacement's rank 0
+                self._reply(source, rid, "ok", None)
+                return
             try:
                 store.updater = pickle.loads(blob)
+                store.updater_blob = blob
                 if store.restored_states is not None and hasattr(store.updater, "set_states"):
                     store.updater.set_states(store.restored_states)
                     store.restored_states = None
@@ -321,7 +444,7 @@ class Server:
         if store.staleness is None:
             return True
         clocks = store.clocks[slot]
-        live = [w for w in range(store.workers) if w not in self.departed]
+        live = [w for w in range(store.workers) if w not in self.departed and w not in self.dead]
         return not live or int(clocks[live].min()) >= clock - store.staleness
 
     def _release(self, store: _Store, slot: _Slot) -> None:
@@ -341,28 +464,68 @@ class Server:
             self._reply(worker, rid, "error", store.error)
         else:
             # isend pickles now: later pushes do not change what is sent.
+            # The workers not waited for (gone, or dead and not replaced yet).
             self._reply(worker, rid, "ok", (store.values[slot], store.clocks[slot],
-                                            tuple(sorted(self.departed))))
+                                            tuple(sorted(self.departed | self.dead))))
 
     # ------------------------------------------------------------ sending
     def _reply(self, worker: int, rid: int, status: str, payload: Any) -> None:
-        self._sends.append(self.link.isend((rid, status, payload), dest=worker, tag=REPLY_TAG))
+        route = self.routes.get(worker)
+        if route is None:
+            return                      # a dead worker: its replacement asks again
+        comm, rank = route
+        try:
+            self._sends.append(comm.isend((rid, status, payload), dest=rank, tag=REPLY_TAG))
+        except self._mpi.Exception:
+            pass                        # it died: the probe of its channel says so
 
     def _complete_sends(self) -> None:
         if self._sends:
-            self._sends = [r for r in self._sends if not r.test()[0]]
+            left = []
+            for request in self._sends:
+                try:
+                    if not request.test()[0]:
+                        left.append(request)
+                except self._mpi.Exception:
+                    pass                # to a worker that died
+            self._sends = left
 
     def _lost(self, exc: BaseException) -> None:
-        message = (f"rabit_py server {self.index}: a process of the job failed ({exc}); "
-                   f"in-job recovery of server-backed stores (dist_async, dist_ssp) is not built "
-                   f"yet, so the job ends here (rabit-run --max-restarts starts it again)")
+        message = (f"rabit_py server {self.index}: a process of the job failed ({exc}) that "
+                   f"cannot be replaced in the job (a server, whose parts are lost, or a job "
+                   f"without MPI fault tolerance): the job ends here (rabit-run "
+                   f"--max-restarts starts it again, from the shard checkpoints)")
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
+        if self.reporter is not None:
+            self.reporter.fatal(RESTART, message)
         self._mpi.COMM_WORLD.Abort(1)
 
 
 class _Refused(Exception):
     """A request the server answers with an error."""
+
+
+def _proc_failed(MPI: Any) -> Tuple[int, int]:
+    """ULFM's error classes of a failed process (Open MPI's values where
+    mpi4py lacks the names)."""
+    return (getattr(MPI, "ERR_PROC_FAILED", 75), getattr(MPI, "ERR_PROC_FAILED_PENDING", 76))
+
+
+def _failed_ranks(comm: Any) -> List[int]:
+    """The ranks of ``comm`` (remote ones for an intercommunicator) known dead."""
+    from mpi4py import MPI
+
+    group = comm.Get_failed()
+    try:
+        base = comm.Get_remote_group() if comm.Is_inter() else comm.Get_group()
+        try:
+            return [r for r in MPI.Group.Translate_ranks(group, list(range(group.Get_size())),
+                                                         base) if r >= 0]
+        finally:
+            base.Free()
+    finally:
+        group.Free()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -375,9 +538,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     from mpi4py import MPI
 
-    own, link = split_world(MPI.COMM_WORLD, config.servers, SERVER)
-    server = Server(link, link.Get_size() - config.servers, own.Get_rank(), config)
+    own, link, port = split_world(MPI.COMM_WORLD, config.servers, SERVER)
+    own.Set_errhandler(MPI.ERRORS_RETURN)
+    ft = os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower() in ("1", "true", "yes",
+                                                                          "on", "enabled")
+    server = Server(link, link.Get_size() - config.servers, own.Get_rank(), config, own,
+                    port if ft else "")
+    # rabit-run reads these (Note [status folder] in rabit_py/_status.py):
+    # a server that ended its loop and then waits in MPI_Finalize is said so.
+    server.reporter = Reporter(config.run_status_dir, f"server-{server.index}")
+    server.reporter.started()
     server.run()
+    server.reporter.exited(True)
     if config.log_level.upper() == "DEBUG":
         sys.stderr.write(f"rabit_py server {server.index}: handled {server.handled}\n")
     return 0

@@ -149,18 +149,19 @@ def test_without_the_variable_the_server_says_how_to_start_it():
     assert code == 2 and "RABIT_SERVERS is not set" in text, text
 
 
-def kill_when_ready(which, killed, sig=signal.SIGKILL):
+def kill_when_ready(which, killed, sig=signal.SIGKILL, rank=1):
     """An ``on_line`` that sends ``sig`` to a process once every worker
-    printed "ready": ``worker`` (worker 1) or ``server`` (the first server)."""
+    printed "ready": ``worker`` (worker ``rank``) or ``server`` (the first
+    server)."""
     ready = {}
 
     def on_line(line):
         words = line.split()
-        if len(words) >= 5 and words[0] == "ready" and words[4] == "0":
+        if len(words) >= 5 and words[0] == "ready" and words[4] == "0" and not killed:
             ready[int(words[1])] = int(words[2])
         if len(ready) == WORKERS and not killed:
             if which == "worker":
-                victim = ready[1]
+                victim = ready[rank]
             else:
                 from rabit_py.launcher._processes import descendants
                 victim = next(p for p in descendants(os.getpid())
@@ -179,12 +180,46 @@ def _cmdline(pid):
         return []
 
 
-@pytest.mark.parametrize("which,hogs", [("worker", 0), ("server", 0), ("server", 2)])
-def test_a_killed_process_ends_the_job_and_a_restart_resumes_from_the_shards(tmp_path, which,
-                                                                            hogs):
-    # In-job recovery of server-backed stores is not built: a worker or a
-    # server killed from outside ends the job (no pull waits for ever), and
-    # rabit-run --max-restarts runs it again. The servers wrote their parts
+@pytest.mark.parametrize("mode,rank,updater,hogs", [
+    ("dist_ssp", 1, "none", 0), ("dist_async", 0, "sgd", 0), ("dist_ssp", 2, "sgd", 2)])
+def test_a_killed_worker_is_replaced_in_the_job_and_resumes_at_its_clock(tmp_path, mode, rank,
+                                                                        updater, hogs):
+    # Note [replaced workers]: the servers set the dead worker aside and
+    # serve the others; the job's recovery replaces it at the survivors'
+    # next collective; the replacement connects to the servers, resumes at
+    # the dead worker's clock (the pushes the servers applied) and finishes
+    # its steps: every worker's every push applied once, no restart.
+    killed = []
+    steps = 100
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
+    try:
+        code, text = run(servers_job(WORKERS, 2, "resume", "--mode", mode, "--staleness", "1",
+                                     "--iterations", str(steps), "--pace", "0.02",
+                                     "--updater", updater, "--out", str(tmp_path)),
+                         timeout=240, on_line=kill_when_ready("worker", killed, rank=rank))
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+    assert killed and code == 0, text[-6000:]
+    assert "restart" not in text and "1 in-job recovery (1 process replaced)" in text, \
+        text[-6000:]
+    assert f"worker(s) [{rank}] died" in text, text[-6000:]
+    assert f"the replacement of worker {rank} connected" in text, text[-6000:]
+    scale = -0.5 if updater == "sgd" else 1.0
+    starts = []
+    for result in results(tmp_path, WORKERS):
+        assert result["small"] == [scale * steps * sum(r + 1 for r in range(WORKERS))] * 5
+        assert result["big"] == [scale * steps * WORKERS] * 200
+        starts.append(result["start"])
+    # The replacement resumed mid-way (the others ran from 0).
+    assert 0 < starts[rank] < steps and starts[:rank] + starts[rank + 1:] == [0, 0], starts
+
+
+@pytest.mark.parametrize("hogs", [0, 2])
+def test_a_killed_server_ends_the_job_and_a_restart_resumes_from_the_shards(tmp_path, hogs):
+    # A server's parts die with it: the job ends (no pull waits for ever),
+    # and rabit-run --max-restarts runs it again. The servers wrote their parts
     # every 4 pushes (a step is 6 pushes on one server, 3 on the other: the
     # parts are restored at different steps): the restarted servers load
     # them, each worker resumes at its clock and pushes again only the steps
@@ -197,7 +232,7 @@ def test_a_killed_process_ends_the_job_and_a_restart_resumes_from_the_shards(tmp
                                      "1", "--iterations", str(steps), "--pace", "0.02",
                                      "--checkpoint-every", "4", "--out", str(tmp_path),
                                      restarts=1, checkpoint_dir=tmp_path / "ck"),
-                         timeout=240, on_line=kill_when_ready(which, killed))
+                         timeout=240, on_line=kill_when_ready("server", killed))
     finally:
         for proc in busy:
             proc.kill()
@@ -206,10 +241,7 @@ def test_a_killed_process_ends_the_job_and_a_restart_resumes_from_the_shards(tmp
     assert code == 0, text[-6000:]
     assert "restart 1 of 1" in text, text[-6000:]
     first = text[:text.index("restart 1 of 1")]
-    if which == "worker":       # the servers end the job (no in-job recovery of it yet)
-        assert "a process of the job failed" in first, first[-6000:]
-    else:                       # the workers' links fail
-        assert "the link to the servers failed" in first, first[-6000:]
+    assert "the link to the servers failed" in first, first[-6000:]
     restored = [line for line in text.splitlines() if "restored from its checkpoint" in line]
     assert len(restored) == 2, text[-6000:]                 # both servers
     starts = []
