@@ -27,9 +27,9 @@ value holds exactly worker ``w``'s first ``n`` pushes. A pull made at clock
 
 The answer carries ``clocks``, so the worker can check the bound itself
 (``ServerKVStore.pull_clocks``). A worker that has left (said goodbye) no
-longer holds the others back. A worker that dies ends the job for now: the
-server aborts it with a message (in-job recovery of server-backed stores is
-not built yet), so that no pull waits forever for its pushes.
+longer holds the others back, nor does a dead one until its replacement
+connects (Note [replaced workers]), so that no pull waits for ever for the
+pushes of a worker that is gone.
 
 # Note [shard checkpoints]
 With ``checkpoint_every=N`` (and a checkpoint folder, ``rabit-run
