@@ -26,14 +26,18 @@ import collections
 import contextlib
 import heapq
 import itertools
+import sys
 import threading
 import time
 from typing import Any, Deque, Dict, Hashable, Iterator, List, Optional, Tuple
 
 from .._servers import say_goodbye
-from ._protocol import REPLY_TAG, REQUEST_TAG, idle_pause
+from ._protocol import PULL, PUSH, REPLY_TAG, REQUEST_TAG, idle_pause
 
 __all__ = ["Client", "Pending"]
+
+# Pushes of one part kept for a failover until an answer shows them applied.
+_RESEND_LIMIT = 256
 
 
 class Pending:
@@ -83,6 +87,12 @@ class Client:
         self._held = False
         self._stopping = False
         self.error: Optional[BaseException] = None
+        #: which server holds each server's parts now (Note [server replicas]
+        #: in server.py), the servers known dead, and what a failover resends
+        self.route: List[int] = list(range(servers))
+        self.dead_servers: set = set()
+        self._unacked: Dict[tuple, Deque[Tuple[int, int, tuple]]] = {}
+        self._inflight: Dict[int, Tuple[int, int, tuple]] = {}
         #: server-backed stores made in this process (their default names)
         self.opened = 0
         #: (key, op) of each request in the order sent (the last 1000)
@@ -179,30 +189,97 @@ class Client:
         other error) fails the link."""
         MPI = self._mpi
         codes = (getattr(MPI, "ERR_PROC_FAILED", 75), getattr(MPI, "ERR_PROC_FAILED_PENDING", 76))
-        if exc.Get_error_class() not in codes or self.link.Is_inter():
+        if exc.Get_error_class() not in codes:
             raise exc
         self.link.Ack_failed()
         group = self.link.Get_failed()
         try:
-            base = self.link.Get_group()
+            base = self.link.Get_remote_group() if self.link.Is_inter() else \
+                self.link.Get_group()
             try:
                 dead = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), base)
             finally:
                 base.Free()
         finally:
             group.Free()
-        if any(rank >= self.first_server for rank in dead):
-            raise exc
+        for rank in dead:
+            if rank >= self.first_server:
+                self._server_died(rank - self.first_server, exc)
+
+    # ------------------------------------------------------------ failover
+    def applied(self, part: Tuple[Any, int, Hashable, int], count: int) -> None:
+        """An answer showed that ``part`` (store, server, key, part) holds
+        this worker's first ``count`` pushes: they need no resending."""
+        with self._cond:
+            kept = self._unacked.get(part)
+            while kept and kept[0][1] < count:
+                kept.popleft()
+
+    def _track(self, seq: int, server: int, request: tuple) -> None:
+        """Keep what a failover may have to send again (Note [server
+        replicas] in ``server.py``): pushes until an answer shows them
+        applied, requests until answered."""
+        with self._cond:
+            if request[0] == PUSH:
+                _, sid, owner, key, part, _, _, index = request
+                kept = self._unacked.setdefault((sid, owner, key, part),
+                                                collections.deque(maxlen=_RESEND_LIMIT))
+                kept.append((seq, owner, request))
+                return
+            rid = request[6] if request[0] == PULL else request[-1]
+            if rid in self._due:
+                self._inflight[rid] = (seq, server, request)
+
+    def _transmit(self, server: int, request: tuple) -> None:
+        """One nonblocking send to ``server``'s current holder; a dead
+        holder is failed over and the request sent to the next."""
+        MPI = self._mpi
+        for _ in range(self.servers):
+            try:
+                self._sends.append(self.link.isend(
+                    request, dest=self.first_server + self.route[server], tag=REQUEST_TAG))
+                return
+            except MPI.Exception as exc:
+                self._peer_failed(exc)
+        raise RuntimeError("no server left to send to")
+
+    def _server_died(self, index: int, exc: BaseException) -> None:
+        """Server ``index`` died: its parts (and those it served for others)
+        go to the next living server, with what may not have reached it."""
+        if index in self.dead_servers:
+            return
+        self.dead_servers.add(index)
+        moved = [owner for owner, holder in enumerate(self.route) if holder == index]
+        for owner in moved:
+            holder = (index + 1) % self.servers
+            if holder in self.dead_servers or holder == index:
+                raise exc               # no copy left: the job cannot go on
+            self.route[owner] = holder
+        with self._cond:
+            again = [item for part, kept in self._unacked.items() if part[1] in moved
+                     for item in kept]
+            again += [item for item in self._inflight.values() if item[1] in moved]
+        sys.stderr.write(f"rabit_py: server {index} died; its parts go to server "
+                         f"{self.route[moved[0]] if moved else '-'} (which holds their "
+                         f"replica where the store keeps one), {len(again)} request(s) sent "
+                         f"there again\n")
+        sys.stderr.flush()
+        # In their first order: a part's pushes before its pulls. A request
+        # for a server as a whole (sync, close, ...) goes to its successor,
+        # where it changes nothing twice.
+        for _, target, request in sorted(again, key=lambda item: item[0]):
+            self._sends.append(self.link.isend(
+                request, dest=self.first_server + self.route[target], tag=REQUEST_TAG))
 
     # ------------------------------------------------------------ the thread
-    def _take(self) -> List[Tuple[int, tuple, Hashable]]:
+    def _take(self) -> List[Tuple[int, int, tuple, Hashable]]:
         """Everything sendable, in sending order (Note [sending order])."""
         batch = []
         while self._heads:
             _, _, key = heapq.heappop(self._heads)
             queue = self._queues[key]
-            _, _, server, request = queue.popleft()
-            batch.append((server, request, key))
+            _, seq, server, request = queue.popleft()
+            batch.append((seq, server, request, key))
             if queue:
                 head = queue[0]
                 heapq.heappush(self._heads, (head[0], head[1], key))
@@ -224,12 +301,18 @@ class Client:
                         return
                     batch = [] if self._held else self._take()
                 busy = bool(batch)
-                for server, request, key in batch:
-                    self._sends.append(self.link.isend(request, dest=self.first_server + server,
-                                                       tag=REQUEST_TAG))
+                for seq, server, request, key in batch:
+                    self._track(seq, server, request)
+                    self._transmit(server, request)
                     self.sent.append((key, request[0]))
                 if self._sends:
-                    left = [r for r in self._sends if not r.test()[0]]
+                    left = []
+                    for request in self._sends:
+                        try:
+                            if not request.test()[0]:
+                                left.append(request)
+                        except MPI.Exception:
+                            pass        # to a dead server: resent by _server_died
                     if len(left) != len(self._sends):
                         with self._cond:
                             self._sends = left
@@ -245,8 +328,10 @@ class Client:
                     rid, answer, payload = message.recv()
                     busy = True
                     with self._cond:
-                        pending = self._due.pop(rid)
-                    pending.set(answer, payload)
+                        pending = self._due.pop(rid, None)
+                        self._inflight.pop(rid, None)
+                    if pending is not None:     # None: answered twice, around a failover
+                        pending.set(answer, payload)
                 if busy:
                     idle = 0
                 else:

@@ -20,8 +20,10 @@ every answer (``pull_clocks`` keeps the evidence). What is not: the order
 in which the servers apply different workers' pushes depends on timing, so
 results are not bitwise reproducible from run to run, unlike
 ``dist_sync``. A dead worker is replaced in the job (Note [replaced
-workers] in ``server.py``); a dead server ends the job, which a restart
-resumes from the servers' shard checkpoints (Note [shard checkpoints]).
+workers] in ``server.py``); a dead server's parts are served from their
+copy on the next server (``replicas=1``, Note [server replicas]), or the
+job ends and a restart resumes from the servers' shard checkpoints (Note
+[shard checkpoints]).
 """
 
 from __future__ import annotations
@@ -93,6 +95,10 @@ class ServerKVStore:
             0: no checkpoints.
         name: names the store's checkpoint (default ``store<n>``, ``n`` its
             order among the process's server-backed stores).
+        replicas: 1 keeps a copy of each server's parts on the next server,
+            which serves them if that server dies (Note [server replicas] in
+            ``server.py``; two servers or more); 0, the default, keeps none:
+            a dead server then ends the job.
 
     Raises:
         KVStoreError: the job has no server processes.
@@ -101,7 +107,8 @@ class ServerKVStore:
 
     def __init__(self, kvtype: str = "dist_async", staleness: Optional[int] = None,
                  bigarray_bound: int = 1_000_000, timeout: float = 600.0,
-                 checkpoint_every: int = 0, name: Optional[str] = None) -> None:
+                 checkpoint_every: int = 0, name: Optional[str] = None,
+                 replicas: int = 0) -> None:
         if kvtype not in ASYNC_TYPES:
             raise ValueError(f"kvtype={kvtype!r}: a server-backed store is 'dist_async' or "
                              f"'dist_ssp'")
@@ -116,6 +123,8 @@ class ServerKVStore:
         if bigarray_bound < 1 or timeout <= 0 or checkpoint_every < 0:
             raise ValueError("bigarray_bound must be >= 1, timeout > 0 and checkpoint_every "
                              ">= 0")
+        if replicas not in (0, 1):
+            raise ValueError(f"replicas={replicas!r}: 0 or 1 (a copy on the next server)")
         if name is not None and (not name or "/" in name or name.startswith(".")):
             raise ValueError(f"name={name!r}: a store's name is a file name (no '/')")
         try:
@@ -163,8 +172,9 @@ class ServerKVStore:
         self._sid = name if name is not None else f"store{client.opened}"
         client.opened += 1
         self.checkpoint_every = int(checkpoint_every)
+        self.replicas = int(replicas) if self._servers > 1 else 0
         self._from_rank0("open", [(server, (OPEN, self._sid, staleness, self._workers,
-                                            self.checkpoint_every))
+                                            self.checkpoint_every, self.replicas))
                                   for server in range(self._servers)], settle=False)
 
     # ------------------------------------------------------------ properties
@@ -244,7 +254,7 @@ class ServerKVStore:
                                                             self.bigarray_bound))
             flat = array.reshape(-1)
             for part, (server, start, stop) in enumerate(entry.parts):
-                requests.append((server, (INIT, self._sid, k, part, flat[start:stop])))
+                requests.append((server, (INIT, self._sid, server, k, part, flat[start:stop])))
         self._from_rank0("init", requests)
         # What the parts hold of this worker's pushes already: restored from
         # a checkpoint (Note [shard checkpoints] in server.py), or pushed by
@@ -259,7 +269,8 @@ class ServerKVStore:
             for part, (server, _, _) in enumerate(self._keys[k].parts):
                 rid = self._client.next_id()
                 waits.append((k, part, self._send(server, ("control", "clocks"), 0,
-                                                  (CLOCKS, self._sid, k, part, rid), rid)))
+                                                  (CLOCKS, self._sid, server, k, part, rid),
+                                                  rid)))
         for k, part, pending in waits:
             clocks = self._answer(pending, f"init of key {k!r}")
             self._keys[k].restored[part] = int(clocks[self.rank])
@@ -294,7 +305,8 @@ class ServerKVStore:
             for part, (server, start, stop) in enumerate(entry.parts):
                 if not entry.holds(part):
                     self._send(server, k, priority,
-                               (PUSH, self._sid, k, part, flat[start:stop], self.rank))
+                               (PUSH, self._sid, server, k, part, flat[start:stop], self.rank,
+                                entry.pushes))
             entry.pushes += 1
             self._pushed = True
 
@@ -333,16 +345,18 @@ class ServerKVStore:
             for part, (server, _, _) in enumerate(entry.parts):
                 rid = self._client.next_id()
                 waits.append(self._send(server, k, priority, (
-                    PULL, self._sid, k, part, entry.pushes, rid, self.rank), rid))
+                    PULL, self._sid, server, k, part, entry.pushes, rid, self.rank), rid))
             asked.append((k, entry, entry.pushes, waits))
         results = []
         for (k, entry, clock, waits), o in zip(asked, outs):
             value = np.empty(entry.size, dtype=entry.dtype)
             for part, pending in enumerate(waits):
-                _, start, stop = entry.parts[part]
+                server, start, stop = entry.parts[part]
                 payload = self._answer(pending, f"pull of key {k!r}")
                 part_value, clocks, absent = payload
                 self._check_bound(k, part, clock, clocks, absent)
+                # Pushes the part holds need no resending after a failover.
+                self._client.applied((self._sid, server, k, part), int(clocks[self.rank]))
                 value[start:stop] = part_value
             results.append(_copy_out(k, value.reshape(entry.shape), o, self.rank))
         return results[0] if single else results
@@ -472,7 +486,10 @@ class ServerKVStore:
         except BaseException as exc:
             raise self._link_failed(exc) from exc
         if status != "ok":
-            raise KVStoreError(f"rank {self.rank}: {what}: {payload}")
+            error = KVStoreError(f"rank {self.rank}: {what}: {payload}")
+            if status == "lost":            # a server died with its parts: a fault
+                error.restartable = True    # type: ignore[attr-defined]
+            raise error
         return payload
 
     def _from_rank0(self, what: str, requests: List[Tuple[int, tuple]],

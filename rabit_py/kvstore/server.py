@@ -82,9 +82,17 @@ class _Store:
     """One store's parts on this server."""
 
     def __init__(self, staleness: Optional[int], workers: int, every: int = 0,
-                 path: Optional[str] = None) -> None:
+                 path: Optional[str] = None, owner: int = 0) -> None:
         self.staleness = staleness
         self.workers = workers
+        #: the server whose parts these are; whether this server answers for
+        #: them (False: a replica, Note [server replicas]); whether a copy of
+        #: them is kept on the next server
+        self.owner = owner
+        self.serving = True
+        self.replicated = False
+        #: pushes that came before their predecessors: (slot, worker) -> {index: grad}
+        self.early: Dict[Tuple[_Slot, int], Dict[int, np.ndarray]] = {}
         #: Note [shard checkpoints]: pushes between checkpoints (0: none), the file
         self.every = every
         self.path = path
@@ -131,6 +139,10 @@ class Server:
         #: the channels polled: the link, then each replacement's
         self.channels: List[Any] = [link]
         self._own, self._port = own, port
+        #: servers known dead; the server that keeps the copy of this one's
+        #: parts (Note [server replicas]), None once it died
+        self.dead_servers: set = set()
+        self._backup: Optional[int] = (index + 1) % self.servers if self.servers > 1 else None
         self._arrivals: "queue.Queue[Tuple[int, Any]]" = queue.Queue()
         self._to_accept = 0
         self._accepting: Optional[threading.Thread] = None
@@ -150,9 +162,10 @@ class Server:
         while len(self.departed) < self.workers:
             self._admit()
             message = None
-            for channel in self.channels:
+            for channel in self.channels + ([self._own] if self._own is not None else []):
+                tag = _REPLICA_TAG if channel is self._own else MPI.ANY_TAG
                 try:
-                    message = channel.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+                    message = channel.improbe(MPI.ANY_SOURCE, tag, status)
                 except MPI.Exception as exc:
                     self._failed(channel, exc)
                     break
@@ -170,6 +183,9 @@ class Server:
                 request = message.recv()
             except MPI.Exception as exc:
                 self._failed(channel, exc)
+                continue
+            if channel is self._own:
+                self._replica_message(request)
                 continue
             source, tag = status.Get_source(), status.Get_tag()
             worker = source if channel is self.link else self._worker_of(channel)
@@ -202,18 +218,25 @@ class Server:
     # reached on that connection, resumes at its clock (the pushes of the
     # dead worker that the servers applied), and is waited for again.
     def _failed(self, channel: Any, exc: BaseException) -> None:
-        if exc.Get_error_class() not in _proc_failed(self._mpi) or not self._port:
+        if exc.Get_error_class() not in _proc_failed(self._mpi):
             self._lost(exc)
         channel.Ack_failed()
         failed = _failed_ranks(channel)
+        if channel is self._own:            # Note [server replicas]
+            for index in failed:
+                self._server_died(index)
+            return
         if channel is self.link:
-            if any(rank >= self.workers for rank in failed):
-                self._lost(exc)
-            lost = [w for w in failed if w not in self.dead and self.routes.get(w, (None,))[0]
-                    is self.link]
+            for rank in failed:
+                if rank >= self.workers:
+                    self._server_died(rank - self.workers)
+            lost = [w for w in failed if w < self.workers and w not in self.dead
+                    and self.routes.get(w, (None,))[0] is self.link]
         else:
             lost = [self._worker_of(channel)]
             self.channels.remove(channel)
+        if lost and not self._port:
+            self._lost(exc)                 # no replacement can come (no fault tolerance)
         for worker in lost:
             self.dead.add(worker)
             self.routes.pop(worker, None)
@@ -243,9 +266,14 @@ class Server:
                 while self._to_accept == 0:
                     self._accept_lock.wait()
                 self._to_accept -= 1
-            channel = self._own.Accept(self._port, root=0)
-            channel.Set_errhandler(self._mpi.ERRORS_RETURN)
-            worker = channel.recv(source=0, tag=HELLO_TAG)
+            try:
+                channel = self._own.Accept(self._port, root=0)
+                channel.Set_errhandler(self._mpi.ERRORS_RETURN)
+                worker = channel.recv(source=0, tag=HELLO_TAG)
+            except self._mpi.Exception as exc:
+                # A server died too: the servers cannot accept together.
+                self._lost(exc)
+                return
             self._arrivals.put((worker, channel))
 
     def _admit(self) -> None:
@@ -271,22 +299,113 @@ class Server:
                 self._release(store, slot)
 
     def _handle(self, source: int, request: tuple) -> None:
-        """One request of worker ``source``."""
+        """One request of worker ``source`` (Note [server protocol] in
+        ``_protocol.py``)."""
         op, sid = request[0], request[1]
         self.handled[op] = self.handled.get(op, 0) + 1
-        if op != OPEN and sid not in self.stores:
-            # A bug of ours or a store used after close: said, never a crash.
-            why = (f"server {self.index}: {op} from worker {source} for store {sid!r}, which "
-                   f"is not open here (closed, or never opened)")
-            if op == PUSH:
-                sys.stderr.write(f"rabit_py {why}; the push is dropped\n")
+        if op in (PUSH, PULL, INIT, CLOCKS):
+            owner = request[2]
+            store = self.stores.get((sid, owner))
+            if store is not None and not store.serving:
+                # The worker saw the part's server die before this server did.
+                self._server_died(owner)
+            if store is None:
+                why = (f"server {self.index} holds no part of server {owner} of store {sid!r} "
+                       f"(closed, never opened, or server {owner} died and the store keeps no "
+                       f"replicas: create it with replicas=1 to survive that)")
+                if op == PUSH:
+                    sys.stderr.write(f"rabit_py {why}; a push is dropped\n")
+                else:
+                    self._reply(source, request[6] if op == PULL else request[-1],
+                                # A request for another server's parts comes
+                                # after the worker saw that server die.
+                                "lost" if owner != self.index else "error", why)
+                return
+        elif op != OPEN and not any(key[0] == sid for key in self.stores):
+            if op == CLOSE:     # again: for a dead server's parts, closed here already
+                self._reply(source, request[-1], "ok", None)
             else:
-                self._reply(source, request[-1] if op != PULL else request[5], "error", why)
+                self._reply(source, request[-1], "error",
+                            f"server {self.index}: {op} for store {sid!r}, which is not open "
+                            f"here")
             return
         if op == PUSH:
-            _, _, key, part, grad, worker = request
-            store = self.stores[sid]
+            _, _, _, key, part, grad, worker, index = request
+            self._push(store, sid, key, part, grad, worker, index)
+        elif op == PULL:
+            _, _, _, key, part, clock, rid, worker = request
             slot = (key, part)
+            if self._allowed(store, slot, clock):
+                self._answer_pull(store, slot, source, rid)
+            else:
+                store.waiting.setdefault(slot, []).append((source, clock, rid))
+        elif op == SYNC:
+            self._reply(source, request[2], "ok", None)
+        elif op == CLOCKS:
+            _, _, _, key, part, rid = request
+            self._reply(source, rid, "ok", store.clocks[(key, part)])
+        elif op == OPEN:
+            _, _, staleness, workers, every, replicas, rid = request
+            try:
+                if (sid, self.index) not in self.stores:    # again: a replacement's rank 0
+                    own = self._open(sid, staleness, workers, every, self.index)
+                    self.stores[(sid, self.index)] = own
+                    if replicas and self.servers > 1:
+                        # Note [server replicas]: the copy of the previous server's parts.
+                        own.replicated = True
+                        behind = (self.index - 1) % self.servers
+                        replica = self._open(sid, staleness, workers, every, behind)
+                        replica.serving = False
+                        self.stores[(sid, behind)] = replica
+            except _Refused as exc:
+                self._reply(source, rid, "error", str(exc))
+            else:
+                self._reply(source, rid, "ok", None)
+        elif op == INIT:
+            _, _, _, key, part, value, rid = request
+            problem = self._init(store, key, part, value)
+            if problem is None:
+                self._replicate(store, ("init", sid, key, part, value))
+                self._reply(source, rid, "ok", store.clocks[(key, part)])
+            else:
+                self._reply(source, rid, "error", problem)
+        elif op == UPDATER:
+            _, _, blob, rid = request
+            problem = None
+            for key in [k for k in self.stores if k[0] == sid]:
+                problem = problem or self._set_updater(self.stores[key], blob)
+            if problem is None:
+                self._reply(source, rid, "ok", None)
+            else:
+                self._reply(source, rid, "error", problem)
+        elif op == CLOSE:
+            # Every worker's close comes behind its own last requests (one
+            # channel per worker): the store goes once all have come.
+            _, _, rid = request
+            for key in [k for k in self.stores if k[0] == sid]:
+                store = self.stores[key]
+                store.closed.add(source)
+                if len(store.closed | self.departed) >= store.workers:
+                    del self.stores[key]
+                    if store.every and store.serving:
+                        self._save(sid, store)
+            self._reply(source, rid, "ok", None)
+        else:
+            raise RuntimeError(f"server {self.index}: unknown request {op!r} from worker {source}")
+
+    def _push(self, store: _Store, sid: Any, key: Hashable, part: int, grad: np.ndarray,
+              worker: int, index: int) -> None:
+        """Apply worker's push number ``index`` of a part, in order: a push
+        met again (resent after a failover, or replicated and resent) is
+        dropped, one that came early waits for those before it."""
+        slot = (key, part)
+        clocks = store.clocks[slot]
+        if index < clocks[worker]:
+            return
+        if index > clocks[worker]:
+            store.early.setdefault((slot, worker), {})[index] = grad
+            return
+        while True:
             if store.error is None:
                 try:
                     if store.updater is not None:
@@ -296,101 +415,121 @@ class Server:
                 except Exception:  # noqa: BLE001 - said to every later pull
                     store.error = (f"server {self.index}: the updater raised on a push of key "
                                    f"{key!r}:\n{traceback.format_exc()}")
-            store.clocks[slot][worker] += 1
+            clocks[worker] += 1
             store.applied += 1
-            if store.every:
+            self._replicate(store, ("push", sid, key, part, grad, worker, index))
+            if store.every and store.serving:
                 store.since += 1
                 if store.since >= store.every:
                     self._save(sid, store)
-            if store.waiting.get(slot):
-                self._release(store, slot)
-        elif op == PULL:
-            _, _, key, part, clock, rid, worker = request
-            store = self.stores[sid]
-            slot = (key, part)
-            if self._allowed(store, slot, clock):
-                self._answer_pull(store, slot, source, rid)
-            else:
-                store.waiting.setdefault(slot, []).append((source, clock, rid))
-        elif op == SYNC:
-            self._reply(source, request[2], "ok", None)
-        elif op == CLOCKS:
-            _, _, key, part, rid = request
-            self._reply(source, rid, "ok", self.stores[sid].clocks[(key, part)])
-        elif op == OPEN:
-            _, _, staleness, workers, every, rid = request
-            try:
-                if sid not in self.stores:      # again: a replacement's rank 0
-                    self.stores[sid] = self._open(sid, staleness, workers, every)
-            except _Refused as exc:
-                self._reply(source, rid, "error", str(exc))
-            else:
-                self._reply(source, rid, "ok", None)
-        elif op == INIT:
-            _, _, key, part, value, rid = request
-            store = self.stores[sid]
-            slot = (key, part)
-            if slot not in store.values:        # restored parts keep their value
-                store.values[slot] = np.array(value, copy=True)
-                store.clocks[slot] = np.zeros(store.workers, dtype=np.int64)
-            elif store.values[slot].shape != np.shape(value) or \
-                    store.values[slot].dtype != np.asarray(value).dtype:
-                self._reply(source, rid, "error",
-                            f"server {self.index}: key {key!r} part {part} was restored from "
-                            f"{store.path} with shape {store.values[slot].shape} and dtype "
-                            f"{store.values[slot].dtype}, but init gives "
-                            f"{np.shape(value)} {np.asarray(value).dtype}: the checkpoint is "
-                            f"of another model; remove it or use another checkpoint folder")
-                return
-            self._reply(source, rid, "ok", store.clocks[slot])
-        elif op == UPDATER:
-            _, _, blob, rid = request
-            store = self.stores[sid]
-            if blob == store.updater_blob:      # again: a replacement's rank 0
-                self._reply(source, rid, "ok", None)
-                return
-            try:
-                store.updater = pickle.loads(blob)
-                store.updater_blob = blob
-                if store.restored_states is not None and hasattr(store.updater, "set_states"):
-                    store.updater.set_states(store.restored_states)
-                    store.restored_states = None
-            except Exception as exc:  # noqa: BLE001 - told to the worker
-                self._reply(source, rid, "error",
-                            f"server {self.index} cannot load the updater ({type(exc).__name__}: "
-                            f"{exc}); an updater must be importable by the server process (a "
-                            f"rabit_py optimizer, or a function in an importable module, not in "
-                            f"__main__)")
-            else:
-                self._reply(source, rid, "ok", None)
-        elif op == CLOSE:
-            # Every worker's close comes behind its own last requests (one
-            # channel per worker): the store goes once all have come.
-            _, _, rid = request
-            store = self.stores[sid]
-            store.closed.add(source)
-            if len(store.closed | self.departed) >= store.workers:
-                del self.stores[sid]
-                if store.every:
-                    self._save(sid, store)
-            self._reply(source, rid, "ok", None)
+            early = store.early.get((slot, worker))
+            index += 1
+            if not early or index not in early:
+                break
+            grad = early.pop(index)
+        if store.waiting.get(slot):
+            self._release(store, slot)
+
+    def _init(self, store: _Store, key: Hashable, part: int, value: Any) -> Optional[str]:
+        slot = (key, part)
+        if slot not in store.values:        # restored parts keep their value
+            store.values[slot] = np.array(value, copy=True)
+            store.clocks[slot] = np.zeros(store.workers, dtype=np.int64)
+            return None
+        if store.values[slot].shape != np.shape(value) or \
+                store.values[slot].dtype != np.asarray(value).dtype:
+            return (f"server {self.index}: key {key!r} part {part} was restored from "
+                    f"{store.path} with shape {store.values[slot].shape} and dtype "
+                    f"{store.values[slot].dtype}, but init gives {np.shape(value)} "
+                    f"{np.asarray(value).dtype}: the checkpoint is of another model; remove it "
+                    f"or use another checkpoint folder")
+        return None
+
+    def _set_updater(self, store: _Store, blob: bytes) -> Optional[str]:
+        if blob == store.updater_blob:          # again: a replacement's rank 0
+            return None
+        try:
+            store.updater = pickle.loads(blob)
+            store.updater_blob = blob
+            if store.restored_states is not None and hasattr(store.updater, "set_states"):
+                store.updater.set_states(store.restored_states)
+                store.restored_states = None
+        except Exception as exc:  # noqa: BLE001 - told to the worker
+            return (f"server {self.index} cannot load the updater ({type(exc).__name__}: "
+                    f"{exc}); an updater must be importable by the server process (a rabit_py "
+                    f"optimizer, or a function in an importable module, not in __main__)")
+        return None
+
+    # ------------------------------------------------------------ replicas
+    # Note [server replicas]
+    # With replicas=1 (and two servers or more) each server keeps a copy of
+    # the previous server's parts (server i's on server i + 1, the last's on
+    # the first), as ps-lite's replication does: every push a server applies
+    # to its own parts, and every init, it forwards to that next server on
+    # the servers' own communicator (in order: one channel), which applies
+    # it to the copy with an updater of its own, so that the copy holds the
+    # same values, clocks and optimizer state. When a server dies, its next
+    # server serves the copy (promoted when it learns of the death, from its
+    # own probe or from a worker's request for those parts), and each worker
+    # sends its requests for the dead server's parts there: its pulls that
+    # were not answered, and its pushes whose application it had not seen in
+    # an answer (at most 256 a part). Pushes carry their number, so one
+    # applied twice (replicated and resent) counts once: nothing is lost and
+    # nothing applied twice. One failure per pair: a part whose server and
+    # copy both die ends the job (a restart resumes from the shard
+    # checkpoints).
+    def _replicate(self, store: _Store, message: tuple) -> None:
+        """Forward what changed one of this server's own parts to the copy."""
+        if not store.replicated or store.owner != self.index or self._backup is None:
+            return
+        try:
+            self._sends.append(self._own.isend(message, dest=self._backup, tag=_REPLICA_TAG))
+        except self._mpi.Exception:
+            self._backup = None             # it died: the probe of the servers' comm says so
+
+    def _server_died(self, index: int) -> None:
+        """Server ``index`` is dead: serve the copy of its parts held here."""
+        if index in self.dead_servers:
+            return
+        self.dead_servers.add(index)
+        if self._backup == index:
+            self._backup = None
+        promoted = [key for key, store in self.stores.items()
+                    if key[1] == index and not store.serving]
+        for key in promoted:
+            self.stores[key].serving = True
+        sys.stderr.write(f"rabit_py server {self.index}: server {index} died; "
+                         + (f"serving its parts of {len(promoted)} store(s) from the replica "
+                            f"here\n" if promoted else "no replica of its parts here\n"))
+        sys.stderr.flush()
+
+    def _replica_message(self, message: tuple) -> None:
+        kind, sid = message[0], message[1]
+        store = self.stores.get((sid, (self.index - 1) % self.servers))
+        if store is None:
+            return
+        if kind == "init":
+            _, _, key, part, value = message
+            self._init(store, key, part, value)
         else:
-            raise RuntimeError(f"server {self.index}: unknown request {op!r} from worker {source}")
+            _, _, key, part, grad, worker, index = message
+            self._push(store, sid, key, part, grad, worker, index)
 
     # ------------------------------------------------------------ checkpoints
-    def _open(self, sid: Any, staleness: Optional[int], workers: int, every: int) -> _Store:
-        """A new store, restored from its shard checkpoint where one exists
-        (Note [shard checkpoints])."""
+    def _open(self, sid: Any, staleness: Optional[int], workers: int, every: int,
+              owner: int) -> _Store:
+        """A new store of server ``owner``'s parts, restored from its shard
+        checkpoint where one exists (Note [shard checkpoints])."""
         if not every:
-            return _Store(staleness, workers)
+            return _Store(staleness, workers, owner=owner)
         folder = self.config.checkpoint_dir
         if not folder:
             raise _Refused(f"server {self.index}: checkpoint_every={every} needs a checkpoint "
                            f"folder: start the job with rabit-run --checkpoint-dir DIR (or "
                            f"RABIT_CHECKPOINT_DIR for every process)")
         path = os.path.join(folder, "kvstore", str(sid),
-                            f"server-{self.index}-of-{self.servers}.pkl")
-        store = _Store(staleness, workers, every, path)
+                            f"server-{owner}-of-{self.servers}.pkl")
+        store = _Store(staleness, workers, every, path, owner)
         if not os.path.exists(path):
             others = glob.glob(os.path.join(os.path.dirname(path), "server-*-of-*.pkl"))
             if others:
@@ -504,6 +643,9 @@ class Server:
 
 class _Refused(Exception):
     """A request the server answers with an error."""
+
+
+_REPLICA_TAG = 3                    # on the servers' own communicator
 
 
 def _proc_failed(MPI: Any) -> Tuple[int, int]:

@@ -216,6 +216,37 @@ def test_a_killed_worker_is_replaced_in_the_job_and_resumes_at_its_clock(tmp_pat
     assert 0 < starts[rank] < steps and starts[:rank] + starts[rank + 1:] == [0, 0], starts
 
 
+@pytest.mark.parametrize("mode,updater,servers,hogs", [
+    ("dist_ssp", "none", 2, 0), ("dist_async", "sgd", 3, 0), ("dist_ssp", "sgd", 2, 2)])
+def test_a_killed_server_fails_over_to_its_replica(tmp_path, mode, updater, servers, hogs):
+    # Note [server replicas]: with replicas=1 the next server holds a copy
+    # of the killed server's parts, serves them, and every worker sends it
+    # what the dead one may not have applied: every push applied exactly
+    # once, no restart.
+    killed = []
+    steps = 100
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
+    try:
+        code, text = run(servers_job(WORKERS, servers, "resume", "--mode", mode, "--staleness",
+                                     "1", "--iterations", str(steps), "--pace", "0.02",
+                                     "--replicas", "1", "--updater", updater,
+                                     "--out", str(tmp_path)),
+                         timeout=240, on_line=kill_when_ready("server", killed))
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+    assert killed and code == 0, text[-6000:]
+    assert "restart" not in text, text[-6000:]
+    assert "from the replica here" in text and "request(s) sent there again" in text, \
+        text[-6000:]
+    scale = -0.5 if updater == "sgd" else 1.0
+    for result in results(tmp_path, WORKERS):
+        assert result["small"] == [scale * steps * sum(r + 1 for r in range(WORKERS))] * 5
+        assert result["big"] == [scale * steps * WORKERS] * 200
+        assert result["start"] == 0
+
+
 @pytest.mark.parametrize("hogs", [0, 2])
 def test_a_killed_server_ends_the_job_and_a_restart_resumes_from_the_shards(tmp_path, hogs):
     # A server's parts die with it: the job ends (no pull waits for ever),
@@ -241,7 +272,7 @@ def test_a_killed_server_ends_the_job_and_a_restart_resumes_from_the_shards(tmp_
     assert code == 0, text[-6000:]
     assert "restart 1 of 1" in text, text[-6000:]
     first = text[:text.index("restart 1 of 1")]
-    assert "the link to the servers failed" in first, first[-6000:]
+    assert "holds no part of server" in first and "replicas=1" in first, first[-6000:]
     restored = [line for line in text.splitlines() if "restored from its checkpoint" in line]
     assert len(restored) == 2, text[-6000:]                 # both servers
     starts = []

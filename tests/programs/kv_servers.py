@@ -32,7 +32,7 @@ from tests.programs.kv_updaters import broken, scaled_add  # noqa: E402
 
 def make_store(args):
     kwargs = {"bigarray_bound": 64, "checkpoint_every": args.checkpoint_every,
-              "timeout": args.timeout}
+              "timeout": args.timeout, "replicas": args.replicas}
     if args.mode == "dist_ssp":
         kwargs["staleness"] = args.staleness
     return kvstore.create(args.mode, **kwargs)
@@ -132,6 +132,7 @@ def main():
     parser.add_argument("--pace", type=float, default=0.0, help="every worker's sleep a step")
     parser.add_argument("--checkpoint-every", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--replicas", type=int, default=0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     rabit.init()
