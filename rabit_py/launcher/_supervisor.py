@@ -54,7 +54,12 @@ And it ends one rank, not the job, when
     call's ``prepare_fun``) is killed, and the
     job replaces it in place as in (e). A request is acted on once, and only
     while fresh (``OVERDUE_FRESH_S``); a rank on another host is ended
-    through the launch agent, as in (e).
+    through the launch agent, as in (e);
+(g) a parameter server's process (``rabit-run --servers``; on this host) has
+    been stopped for ``FROZEN_S``: it holds every worker that pulls from it,
+    and killed it is a dead server, whose replica takes its place (or whose
+    death ends the job for a restart from the shard checkpoints: Note
+    [server replicas] in ``kvstore/server.py``).
 
 # Note [stuck spawn]
 ``MPI_Comm_spawn`` and the merge after it are not fault tolerant in Open MPI
@@ -578,6 +583,7 @@ class _Watch:
                 return stuck
         # (e) a rank stopped while the others wait for it: end it alone.
         self._end_frozen(now, alive)
+        self._end_frozen_servers(now, reports)
         if self.attempt.unreachable is not None:
             host, rank = self.attempt.unreachable
             return (f"host {host} does not answer: rank {rank} there held the others and the "
@@ -637,6 +643,29 @@ class _Watch:
                     f"waited for it in rabit_py"):
                 del self.frozen_since[pid]
         self._end_silent(now, alive)
+
+    def _end_frozen_servers(self, now: float, reports: Dict[str, Report]) -> None:
+        """Rule (g) of Note [supervision]: SIGKILL a parameter server's
+        process (this host) that has been stopped for ``FROZEN_S``."""
+        for name, report in reports.items():
+            if not name.startswith("server-") or report.ok or report.started_by is None:
+                continue
+            pid, host = report.started_by
+            if host != self.attempt._host or not is_stopped(pid, traced=False):
+                self.frozen_since.pop(pid, None)
+                continue
+            since = self.frozen_since.setdefault(pid, now)
+            if now - since < FROZEN_S:
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            del self.frozen_since[pid]
+            self.attempt._ended("frozen", f"{name.replace('-', ' ')} (pid {pid}) was stopped "
+                                          f"(SIGSTOP) for {now - since:.1f} s, holding the "
+                                          f"workers' pulls; killed it, so that its replica "
+                                          f"serves its parts (or the job restarts)")
 
     def _end_silent(self, now: float, alive: Dict[str, Report]) -> None:
         """Rule (e) for a rank on another host, whose process state cannot be

@@ -7,6 +7,7 @@ and rabit-run's restart runs it again to the end."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -284,21 +285,24 @@ def test_a_killed_server_ends_the_job_and_a_restart_resumes_from_the_shards(tmp_
     assert 0 < min(starts) and max(starts) < steps, (starts, text[-3000:])
 
 
-def test_a_frozen_server_times_the_pulls_out_and_a_restart_resumes(tmp_path):
-    # SIGSTOP: the server holds its state but answers nothing. The workers'
-    # pulls wait their timeout (3 s here), raise a restartable
-    # KVStoreError, and rabit-run's restart resumes from the shards.
+@pytest.mark.parametrize("replicas", [0, 1])
+def test_a_frozen_server_is_killed_by_rabit_run(tmp_path, replicas):
+    # SIGSTOP: the server holds its state but answers nothing, and every
+    # worker that pulls from it waits. rabit-run kills it after FROZEN_S
+    # (rule (g) of Note [supervision]); then its replica serves its parts
+    # (replicas=1), or the job ends and a restart resumes from the shards.
     stopped = []
     steps = 100
     code, text = run(servers_job(WORKERS, 2, "resume", "--mode", "dist_async",
                                  "--iterations", str(steps), "--pace", "0.02",
-                                 "--checkpoint-every", "4", "--timeout", "3",
-                                 "--out", str(tmp_path), restarts=1,
-                                 checkpoint_dir=tmp_path / "ck"),
+                                 "--checkpoint-every", "4", "--timeout", "60",
+                                 "--replicas", str(replicas), "--out", str(tmp_path),
+                                 restarts=1, checkpoint_dir=tmp_path / "ck"),
                      timeout=150, on_line=kill_when_ready("server", stopped, signal.SIGSTOP))
     assert stopped and code == 0, text[-6000:]
-    assert "no answer from the servers within 3 s" in text, text[-6000:]
-    assert "restart 1 of 1" in text, text[-6000:]
+    assert re.search(r"rabit-run: server \d \(pid \d+\) was stopped \(SIGSTOP\) for [\d.]+ s, "
+                     r"holding the workers' pulls; killed it", text), text[-6000:]
+    assert ("restart 1 of 1" in text) == (replicas == 0), text[-6000:]
     for result in results(tmp_path, WORKERS):
         assert result["small"] == [float(steps * sum(r + 1 for r in range(WORKERS)))] * 5
         assert result["big"] == [float(steps * WORKERS)] * 200
