@@ -515,6 +515,7 @@ class _Watch:
         self.recoveries = 0
         self.replaced = 0
         self.frozen_since: Dict[int, float] = {}     # rule (e): pid -> stopped since
+        self.servers_frozen_since: Dict[int, float] = {}     # rule (g), the same
         self.overdue_seen: Set[Tuple[str, float]] = set()   # rule (f): the requests acted on
         self.hung_killed: Set[int] = set()          # rule (f): the processes killed
         self.silenced: Set[Tuple[str, int]] = set()  # rule (e), other hosts: (name, last beat)
@@ -652,16 +653,16 @@ class _Watch:
                 continue
             pid, host = report.started_by
             if host != self.attempt._host or not is_stopped(pid, traced=False):
-                self.frozen_since.pop(pid, None)
+                self.servers_frozen_since.pop(pid, None)
                 continue
-            since = self.frozen_since.setdefault(pid, now)
+            since = self.servers_frozen_since.setdefault(pid, now)
             if now - since < FROZEN_S:
                 continue
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 continue
-            del self.frozen_since[pid]
+            del self.servers_frozen_since[pid]
             self.attempt._ended("frozen", f"{name.replace('-', ' ')} (pid {pid}) was stopped "
                                           f"(SIGSTOP) for {now - since:.1f} s, holding the "
                                           f"workers' pulls; killed it, so that its replica "
