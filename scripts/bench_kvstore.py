@@ -305,8 +305,9 @@ def _report_consistency(times, losses, done, contenders, args, workers) -> None:
             rows.append({"setting": setting, "contender": name, "seconds": t,
                          "median": med, "speed_vs_bsp": bsp / med,
                          "loss": losses[(setting, name)], "updates": done[(setting, name)]})
+            updates = int(statistics.median(done[(setting, name)]))
             print(f"{setting:>8} {name:<16}{med:8.3f} [{min(t):.3f}-{max(t):.3f}]"
-                  f"{bsp / med:8.2f}x{loss:10.5f}{int(statistics.median(done[(setting, name)])):>9}")
+                  f"{bsp / med:8.2f}x{loss:10.5f}{updates:>9}")
     folder = os.path.dirname(args.json)
     if folder:
         os.makedirs(folder, exist_ok=True)

@@ -36,8 +36,10 @@ from ._protocol import PULL, PUSH, REPLY_TAG, REQUEST_TAG, idle_pause
 
 __all__ = ["Client", "Pending"]
 
-# Pushes of one part kept for a failover until an answer shows them applied.
-_RESEND_LIMIT = 256
+# Pushes of one part kept for a failover until an answer shows them applied
+# (a store with replicas only): a worker that pulls the part at least once
+# every this many pushes loses none to a failover.
+_RESEND_LIMIT = 64
 
 
 class Pending:
@@ -93,6 +95,8 @@ class Client:
         self.dead_servers: set = set()
         self._unacked: Dict[tuple, Deque[Tuple[int, int, tuple]]] = {}
         self._inflight: Dict[int, Tuple[int, int, tuple]] = {}
+        #: the stores that keep replicas (whose pushes a failover resends)
+        self.replicated: set = set()
         #: server-backed stores made in this process (their default names)
         self.opened = 0
         #: (key, op) of each request in the order sent (the last 1000)
@@ -222,6 +226,8 @@ class Client:
         with self._cond:
             if request[0] == PUSH:
                 _, sid, owner, key, part, _, _, index = request
+                if sid not in self.replicated:
+                    return
                 kept = self._unacked.setdefault((sid, owner, key, part),
                                                 collections.deque(maxlen=_RESEND_LIMIT))
                 kept.append((seq, owner, request))

@@ -173,6 +173,8 @@ class ServerKVStore:
         client.opened += 1
         self.checkpoint_every = int(checkpoint_every)
         self.replicas = int(replicas) if self._servers > 1 else 0
+        if self.replicas:
+            client.replicated.add(self._sid)
         self._from_rank0("open", [(server, (OPEN, self._sid, staleness, self._workers,
                                             self.checkpoint_every, self.replicas))
                                   for server in range(self._servers)], settle=False)

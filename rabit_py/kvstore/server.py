@@ -473,9 +473,10 @@ class Server:
     # own probe or from a worker's request for those parts), and each worker
     # sends its requests for the dead server's parts there: its pulls that
     # were not answered, and its pushes whose application it had not seen in
-    # an answer (at most 256 a part). Pushes carry their number, so one
-    # applied twice (replicated and resent) counts once: nothing is lost and
-    # nothing applied twice. One failure per pair: a part whose server and
+    # an answer (the last 64 of each part: a worker that pulls a part at
+    # least once every 64 pushes of it loses none). Pushes carry their
+    # number, so one applied twice (replicated and resent) counts once:
+    # nothing is lost and nothing applied twice. One failure per pair: a part whose server and
     # copy both die ends the job (a restart resumes from the shard
     # checkpoints).
     def _replicate(self, store: _Store, message: tuple) -> None:
