@@ -26,7 +26,9 @@ this 2-core VM cannot give 4 busy workers a core each, and a sleep keeps
 the straggler's slowness its own. Prints, per setting, the median wall time
 to the updates and its range over ``--repeats`` rounds (the contenders
 alternating), the time against BSP, and the logistic loss reached on the
-whole data set; writes JSON; ``--plot`` draws the times.
+whole data set; writes JSON; ``--plot`` draws the times. ``dist_async`` runs
+also with ``replicas=1`` (each server's parts copied on the next server),
+for the cost of replication.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def main(argv: list | None = None) -> int:
     return 0
 
 
-def bench_size(total: int, args: argparse.Namespace, comm: "MPI.Comm") -> dict:
+def bench_size(total: int, args: argparse.Namespace, comm: object) -> dict:
     """Median step time of every mode for a model of ``total`` bytes."""
     from rabit_py.engine._mpistart import MPI
     rank = comm.Get_rank()
@@ -210,7 +212,8 @@ def consistency(args: argparse.Namespace, argv: list) -> int:
     y = (rng.random(4000) < 1 / (1 + np.exp(-4 * X @ truth))).astype(np.float64)
     contenders = [("BSP (dist_sync)", "dist_sync", None)] + \
         [(f"SSP tau={t}", "dist_ssp", t) for t in args.staleness] + \
-        [("async", "dist_async", None)]
+        [("async", "dist_async", None)] + \
+        ([("async, replicas=1", "dist_async+replicas", None)] if args.servers > 1 else [])
     times: dict = {(s, c[0]): [] for s in SETTINGS for c in contenders}
     losses: dict = {(s, c[0]): [] for s in SETTINGS for c in contenders}
     done: dict = {(s, c[0]): [] for s in SETTINGS for c in contenders}
@@ -244,7 +247,9 @@ def _train(kvtype, tau, setting, X, y, args, rank, workers, lr, repeat, Sgd, cre
         # The sum of the workers' gradients, averaged: one step per W minibatches.
         kv.set_optimizer(Sgd(learning_rate=lr, rescale_grad=1.0 / workers))
     else:
-        kv = create(kvtype, **({} if tau is None else {"staleness": tau}))
+        replicas = kvtype.endswith("+replicas")
+        kv = create(kvtype.split("+")[0], replicas=int(replicas),
+                    **({} if tau is None else {"staleness": tau}))
         # One worker's gradient per update, the same length per minibatch as BSP's.
         kv.set_optimizer(Sgd(learning_rate=lr / workers))
     kv.init("w", np.zeros(args.features))
@@ -294,7 +299,7 @@ def _report_consistency(times, losses, done, contenders, args, workers) -> None:
           f"{args.features} features, {args.updates} minibatch updates, {args.step_ms:g} ms "
           f"of emulated compute a step; median [range] of {args.repeats} rounds")
     rows = []
-    print(f"{'setting':>8} {'contender':<16}{'seconds':>22}{'vs BSP':>9}{'loss':>10}"
+    print(f"{'setting':>8} {'contender':<18}{'seconds':>22}{'vs BSP':>9}{'loss':>10}"
           f"{'updates':>9}")
     for setting in SETTINGS:
         bsp = statistics.median(times[(setting, contenders[0][0])])
@@ -306,7 +311,7 @@ def _report_consistency(times, losses, done, contenders, args, workers) -> None:
                          "median": med, "speed_vs_bsp": bsp / med,
                          "loss": losses[(setting, name)], "updates": done[(setting, name)]})
             updates = int(statistics.median(done[(setting, name)]))
-            print(f"{setting:>8} {name:<16}{med:8.3f} [{min(t):.3f}-{max(t):.3f}]"
+            print(f"{setting:>8} {name:<18}{med:8.3f} [{min(t):.3f}-{max(t):.3f}]"
                   f"{bsp / med:8.2f}x{loss:10.5f}{updates:>9}")
     folder = os.path.dirname(args.json)
     if folder:

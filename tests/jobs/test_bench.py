@@ -126,6 +126,28 @@ def test_bench_kvstore_times_every_mode(tmp_path):
     assert not plot or (tmp_path / "kv.png").stat().st_size > 0
 
 
+def test_bench_kvstore_compares_the_consistency_models(tmp_path):
+    out_json = tmp_path / "consistency.json"
+    code, out = run([sys.executable, "scripts/bench_kvstore.py", "--consistency", "--workers",
+                     "3", "--servers", "2", "--updates", "30", "--repeats", "1", "--step-ms",
+                     "1", "--staleness", "1", "--features", "50", "--json", str(out_json)],
+                    timeout=300)
+    assert code == 0, out
+    assert "Consistency models: 3 workers, 2 server(s)" in out, out
+    result = json.loads(out_json.read_text())
+    assert result["workers"] == 3 and result["updates"] == 30
+    rows = {(r["setting"], r["contender"]): r for r in result["rows"]}
+    assert set(rows) == {(s, c) for s in ("alike", "slow", "jitter")
+                         for c in ("BSP (dist_sync)", "SSP tau=1", "async",
+                                   "async, replicas=1")}
+    for (setting, contender), row in rows.items():
+        assert len(row["seconds"]) == 1 and row["median"] > 0
+        assert min(row["updates"]) >= 30              # ran to the updates, and a little past
+        assert 0 < min(row["loss"]) < 0.6932          # below log 2: it learned something
+        if contender.startswith("BSP"):
+            assert row["speed_vs_bsp"] == 1.0
+
+
 def test_bench_hotpath_compares_two_trees_for_every_setting(tmp_path):
     out_json = tmp_path / "hotpath.json"
     code, out = run([sys.executable, "scripts/bench_hotpath.py", "--before", "HEAD",
