@@ -187,3 +187,45 @@ def test_fault_tolerant_xgboost_across_namespace_hosts_gives_the_one_machine_boo
         assert "restart 1 of 2" in out, out[-6000:]
         assert re.search(r"rank 3: resumed from durable checkpoint version [1-9]", out), \
             out[-6000:]
+
+
+@needs_hosts
+@pytest.mark.parametrize("kill", [True])
+def test_parameter_servers_across_namespace_hosts(tmp_path, kill):
+    # rabit-run --servers on two hosts of 3 slots: 4 workers, then the 2
+    # servers (on the second host); with kill, worker 3 (on the second host)
+    # is SIGKILLed and replaced in the job: its replacement connects to the
+    # servers across the hosts and resumes at its clock. Every push applied
+    # exactly once: the sums are exact.
+    import json
+    import os
+    import signal
+    import threading
+
+    out = tmp_path / "out"
+    out.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(out, 0o777)
+    steps = 100
+    program = [sys.executable, str(ROOT / "tests/programs/kv_servers.py"), "resume", "--mode",
+               "dist_ssp", "--staleness", "1", "--iterations", str(steps), "--pace", "0.02",
+               "--replicas", "1", "--out", str(out)]
+    killed = []
+    with cluster_demo.Hosts(2, 3) as hosts:
+        def on_line(line):
+            words = line.split()
+            if kill and len(words) >= 5 and words[:2] == ["ready", "3"] and not killed:
+                killed.append(int(words[2]))
+                threading.Timer(0.7, os.kill, (killed[0], signal.SIGKILL)).start()
+
+        code, text = run(hosts.rabit_run(4, program, "--servers", "2"), timeout=180,
+                         on_line=on_line)
+    assert code == 0, text[-6000:]
+    if kill:
+        assert killed and "replaced rank(s) [3]" in text, text[-6000:]
+        assert "the replacement of worker 3 connected" in text, text[-6000:]
+    for rank in range(4):
+        result = json.loads((out / f"rank{rank}.json").read_text())
+        assert result["small"] == [float(steps * (1 + 2 + 3 + 4))] * 5, text[-6000:]
+        assert result["big"] == [float(steps * 4)] * 200
+        assert (result["start"] > 0) == (kill and rank == 3), (rank, result["start"])

@@ -182,7 +182,7 @@ def _cmdline(pid):
 
 
 @pytest.mark.parametrize("mode,rank,updater,hogs", [
-    ("dist_ssp", 1, "none", 0), ("dist_async", 0, "sgd", 0), ("dist_ssp", 2, "sgd", 2)])
+    ("dist_async", 0, "sgd", 0), ("dist_ssp", 2, "none", 2)])
 def test_a_killed_worker_is_replaced_in_the_job_and_resumes_at_its_clock(tmp_path, mode, rank,
                                                                         updater, hogs):
     # Note [replaced workers]: the servers set the dead worker aside and
@@ -218,7 +218,7 @@ def test_a_killed_worker_is_replaced_in_the_job_and_resumes_at_its_clock(tmp_pat
 
 
 @pytest.mark.parametrize("mode,updater,servers,hogs", [
-    ("dist_ssp", "none", 2, 0), ("dist_async", "sgd", 3, 0), ("dist_ssp", "sgd", 2, 2)])
+    ("dist_async", "sgd", 3, 0), ("dist_ssp", "none", 2, 2)])
 def test_a_killed_server_fails_over_to_its_replica(tmp_path, mode, updater, servers, hogs):
     # Note [server replicas]: with replicas=1 the next server holds a copy
     # of the killed server's parts, serves them, and every worker sends it
@@ -248,7 +248,7 @@ def test_a_killed_server_fails_over_to_its_replica(tmp_path, mode, updater, serv
         assert result["start"] == 0
 
 
-@pytest.mark.parametrize("hogs", [0, 2])
+@pytest.mark.parametrize("hogs", [2])
 def test_a_killed_server_ends_the_job_and_a_restart_resumes_from_the_shards(tmp_path, hogs):
     # A server's parts die with it: the job ends (no pull waits for ever),
     # and rabit-run --max-restarts runs it again. The servers wrote their parts
