@@ -6,7 +6,11 @@ rabit_py.kvstore.server``; Note [server processes] in
 ``rabit_py/_servers.py``). It holds its parts of every key of the
 server-backed stores (Note [key partition] in ``_protocol.py``), runs the
 updater on each push it receives, and answers pulls as the store's
-consistency model allows; it ends when every worker has left the job.
+consistency model allows; it ends when every worker has left the job. It
+serves the others while a dead worker is replaced (Note [replaced
+workers]), keeps a copy of the previous server's parts and serves it when
+that server dies (Note [server replicas]), and writes its parts to disk for
+a restarted job (Note [shard checkpoints]).
 
 # Note [bounded delay]
 A worker's *clock* for a key is the number of its pushes of that key so
@@ -112,12 +116,17 @@ class _Store:
 
 
 class Server:
-    """One server process's loop (Note [bounded delay]).
+    """One server process's loop (Note [bounded delay], Note [replaced
+    workers], Note [server replicas], Note [shard checkpoints]).
 
     Args:
         link: the workers-and-servers communicator (Note [server processes]).
         workers: the number of workers (the link's first ranks).
         index: this server's index among the servers.
+        config: the job's settings (the checkpoint folder).
+        own: the servers' own communicator (replicas, accepting replacements).
+        port: the MPI port replacement workers connect to ("": none can, as
+            in a job without MPI fault tolerance).
     """
 
     def __init__(self, link: Any, workers: int, index: int,
