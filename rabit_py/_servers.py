@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Any, Tuple
 
 __all__ = ["WORKER", "SERVER", "BYE_TAG", "PORT_TAG", "HELLO_TAG", "split_world",
-           "say_goodbye", "server_ranks", "connect_replacement"]
+           "say_goodbye", "server_ranks", "connect_replacement", "acknowledge_failures"]
 
 WORKER = 0
 SERVER = 1
@@ -125,3 +125,33 @@ def say_goodbye(link: Any, servers: int) -> None:
             request.wait()
         except Exception:  # noqa: BLE001
             pass
+
+
+def acknowledge_failures(comm: Any, exc: Any) -> list:
+    """After ``exc`` from an operation on ``comm`` (the link, a replacement's
+    connection, the servers' own communicator): if it says that a process
+    died (ULFM's ``MPI_ERR_PROC_FAILED``, or ``_PENDING`` for a receive from
+    any source), acknowledge the failures, so that such receives work again,
+    and return the dead ranks (remote ranks on an intercommunicator).
+
+    Raises:
+        ``exc`` itself for any other error.
+    """
+    from mpi4py import MPI
+
+    # Open MPI's values where mpi4py lacks the names.
+    dead_process = (getattr(MPI, "ERR_PROC_FAILED", 75),
+                    getattr(MPI, "ERR_PROC_FAILED_PENDING", 76))
+    if not isinstance(exc, MPI.Exception) or exc.Get_error_class() not in dead_process:
+        raise exc
+    comm.Ack_failed()
+    group = comm.Get_failed()
+    try:
+        base = comm.Get_remote_group() if comm.Is_inter() else comm.Get_group()
+        try:
+            return [r for r in MPI.Group.Translate_ranks(group, list(range(group.Get_size())),
+                                                         base) if r >= 0]
+        finally:
+            base.Free()
+    finally:
+        group.Free()

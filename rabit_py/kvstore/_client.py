@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any, Deque, Dict, Hashable, Iterator, List, Optional, Tuple
 
-from .._servers import say_goodbye
+from .._servers import acknowledge_failures, say_goodbye
 from ._protocol import PULL, PUSH, REPLY_TAG, REQUEST_TAG, idle_pause
 
 __all__ = ["Client", "Pending"]
@@ -188,24 +188,11 @@ class Client:
                 say_goodbye(self.link, self.servers)
 
     def _peer_failed(self, exc: Any) -> None:
-        """Note [replaced workers] in ``server.py``: a worker's death only
-        acknowledged (the job's recovery replaces it); a server's (or any
-        other error) fails the link."""
-        MPI = self._mpi
-        codes = (getattr(MPI, "ERR_PROC_FAILED", 75), getattr(MPI, "ERR_PROC_FAILED_PENDING", 76))
-        if exc.Get_error_class() not in codes:
-            raise exc
-        self.link.Ack_failed()
-        group = self.link.Get_failed()
-        try:
-            base = self.link.Get_remote_group() if self.link.Is_inter() else \
-                self.link.Get_group()
-            try:
-                dead = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), base)
-            finally:
-                base.Free()
-        finally:
-            group.Free()
+        """A process of the link died: a worker's death is only acknowledged
+        (the job's recovery replaces it: Note [replaced workers] in
+        ``server.py``), a server's fails its parts over (Note [server
+        replicas]); any other error fails the link."""
+        dead = acknowledge_failures(self.link, exc)
         for rank in dead:
             if rank >= self.first_server:
                 self._server_died(rank - self.first_server, exc)

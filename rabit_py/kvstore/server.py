@@ -67,7 +67,7 @@ from typing import Any, Dict, Hashable, List, Optional, Tuple
 
 import numpy as np
 
-from .._servers import BYE_TAG, SERVER, split_world
+from .._servers import BYE_TAG, SERVER, acknowledge_failures, split_world
 from .._status import RESTART, Reporter
 from .._unpickle import NotData, load_data
 from ..config import Config
@@ -227,10 +227,11 @@ class Server:
     # reached on that connection, resumes at its clock (the pushes of the
     # dead worker that the servers applied), and is waited for again.
     def _failed(self, channel: Any, exc: BaseException) -> None:
-        if exc.Get_error_class() not in _proc_failed(self._mpi):
+        try:
+            failed = acknowledge_failures(channel, exc)
+        except self._mpi.Exception:
             self._lost(exc)
-        channel.Ack_failed()
-        failed = _failed_ranks(channel)
+            return
         if channel is self._own:            # Note [server replicas]
             for index in failed:
                 self._server_died(index)
@@ -656,28 +657,6 @@ class _Refused(Exception):
 
 
 _REPLICA_TAG = 3                    # on the servers' own communicator
-
-
-def _proc_failed(MPI: Any) -> Tuple[int, int]:
-    """ULFM's error classes of a failed process (Open MPI's values where
-    mpi4py lacks the names)."""
-    return (getattr(MPI, "ERR_PROC_FAILED", 75), getattr(MPI, "ERR_PROC_FAILED_PENDING", 76))
-
-
-def _failed_ranks(comm: Any) -> List[int]:
-    """The ranks of ``comm`` (remote ones for an intercommunicator) known dead."""
-    from mpi4py import MPI
-
-    group = comm.Get_failed()
-    try:
-        base = comm.Get_remote_group() if comm.Is_inter() else comm.Get_group()
-        try:
-            return [r for r in MPI.Group.Translate_ranks(group, list(range(group.Get_size())),
-                                                         base) if r >= 0]
-        finally:
-            base.Free()
-    finally:
-        group.Free()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
