@@ -55,10 +55,11 @@ from ..ddp.commthread import comm_thread
 from ._plans import Key, Plan, Plans, Push, check_key
 from ._state import model_of, read_states, restore_model, write_states
 from ..errors import CheckpointError, KVStoreError, NotInitializedError
-from .._arrays import is_device_array, to_host
+from .._arrays import to_host
 from ..ops import Op
 from .optimizer import Optimizer, Updater
 from ._remote import ASYNC_TYPES, ServerKVStore
+from ._values import copy_out, local_sum, pairs
 
 __all__ = ["KVStore", "ServerKVStore", "create"]
 
@@ -153,7 +154,7 @@ class KVStore:
             TypeError, ValueError: a bad key or value, or lists of different lengths.
         """
         self._check_usable()
-        keys, values = self._pairs(key, value)
+        keys, values = pairs(key, value)
         for k in keys:
             if k in self._store or keys.count(k) > 1:
                 raise KVStoreError(f"rank {self.rank}: key {k!r} is initialized twice; init "
@@ -191,8 +192,11 @@ class KVStore:
         """Queue the pushes; ``stage=False`` queues the caller's arrays
         themselves (no copy), for a caller that launches before returning."""
         self._check_usable()
-        keys, values = self._pairs(key, value)
-        sums = [self._local_sum(k, v, stage) for k, v in zip(keys, values)]
+        keys, values = pairs(key, value)
+        sums = []
+        for k, v in zip(keys, values):
+            stored = self._known(k, "push")
+            sums.append(local_sum(k, v, stored.shape, stored.dtype, self.rank, stage))
         for k, total in zip(keys, sums):
             if k in self._pending_keys:      # the earlier push of k must be reduced first
                 self._launch()
@@ -238,7 +242,8 @@ class KVStore:
         results = []
         for k, o in zip(keys, outs):
             self._wait_key(k)
-            results.append(self._copy_out(k, o))
+            value = self._store[k]
+            results.append(value.copy() if o is None else copy_out(k, value, o, self.rank))
         return results[0] if single else results
 
     def pushpull(self, key: Union[Key, Sequence[Key]], value: Any, out: Any = None,
@@ -406,39 +411,12 @@ class KVStore:
                 pass
 
     # ------------------------------------------------------------ internals
-    def _pairs(self, key: Any, value: Any) -> Tuple[List[Key], List[Any]]:
-        if isinstance(key, (list, tuple)):
-            if not isinstance(value, (list, tuple)) or len(value) != len(key):
-                raise ValueError(f"{len(key)} keys need a list of {len(key)} values")
-            return [check_key(k) for k in key], list(value)
-        return [check_key(key)], [value]
-
     def _known(self, key: Key, action: str) -> np.ndarray:
         try:
             return self._store[key]
         except KeyError:
             raise KVStoreError(f"rank {self.rank}: {action} of key {key!r}, which was never "
                                f"initialized; call init({key!r}, value) first") from None
-
-    def _local_sum(self, key: Key, value: Any, stage: bool = True) -> np.ndarray:
-        stored = self._known(key, "push")
-        parts = list(value) if isinstance(value, (list, tuple)) else [value]
-        if not parts:
-            raise ValueError(f"push of key {key!r}: an empty list of values")
-        total: Optional[np.ndarray] = None
-        for part in parts:
-            array = np.asarray(to_host(part))
-            if array.shape != stored.shape or array.dtype != stored.dtype:
-                raise KVStoreError(f"rank {self.rank}: push of key {key!r} with shape "
-                                   f"{array.shape} and dtype {array.dtype}, but the key holds "
-                                   f"{stored.shape} {stored.dtype}; a key's shape and dtype "
-                                   f"are fixed by init")
-            if total is None:
-                total = np.array(array, copy=stage or len(parts) > 1, order="C")
-            else:
-                total += array
-        assert total is not None
-        return total
 
     def _launch(self) -> None:
         """Reduce the queue: priority order, bucketed (Note [kvstore])."""
@@ -503,21 +481,6 @@ class KVStore:
         if self._error is not None:
             raise KVStoreError(f"the KVStore is unusable after an earlier failure "
                                f"({type(self._error).__name__}: {self._error})") from self._error
-
-    def _copy_out(self, key: Key, out: Any) -> Any:
-        value = self._store[key]
-        if out is None:
-            return value.copy()
-        targets = out if isinstance(out, (list, tuple)) else [out]
-        for target in targets:
-            if tuple(target.shape) != value.shape:
-                raise KVStoreError(f"rank {self.rank}: pull of key {key!r} into an array of "
-                                   f"shape {tuple(target.shape)}; the key holds {value.shape}")
-            if is_device_array(target):
-                target.set(value.astype(target.dtype, copy=False))
-            else:
-                np.copyto(target, value, casting="same_kind")
-        return out
 
     def _updater_states(self, action: str) -> Dict[str, Any]:
         if self._updater is None or not hasattr(self._updater, "get_states"):

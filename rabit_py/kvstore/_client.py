@@ -32,7 +32,7 @@ import time
 from typing import Any, Deque, Dict, Hashable, Iterator, List, Optional, Tuple
 
 from .._servers import acknowledge_failures, say_goodbye
-from ._protocol import PULL, PUSH, REPLY_TAG, REQUEST_TAG, idle_pause
+from ._protocol import PULL, PUSH, REPLY_TAG, REQUEST_TAG, idle_pause, unfinished
 
 __all__ = ["Client", "Pending"]
 
@@ -299,13 +299,8 @@ class Client:
                     self._transmit(server, request)
                     self.sent.append((key, request[0]))
                 if self._sends:
-                    left = []
-                    for request in self._sends:
-                        try:
-                            if not request.test()[0]:
-                                left.append(request)
-                        except MPI.Exception:
-                            pass        # to a dead server: resent by _server_died
+                    # A send to a dead server is resent by _server_died.
+                    left = unfinished(self._sends, MPI.Exception)
                     if len(left) != len(self._sends):
                         with self._cond:
                             self._sends = left

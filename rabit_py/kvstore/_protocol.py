@@ -49,11 +49,11 @@ one is cut into ``S`` contiguous slices of its flattened elements, slice
 from __future__ import annotations
 
 import zlib
-from typing import Hashable, List, Tuple
+from typing import Any, Hashable, List, Tuple
 
 __all__ = ["REQUEST_TAG", "REPLY_TAG", "OPEN", "INIT", "UPDATER", "PUSH", "PULL", "SYNC", "CLOCKS",
            "CLOSE",
-           "Part", "partition", "idle_pause"]
+           "Part", "partition", "idle_pause", "unfinished"]
 
 REQUEST_TAG = 1
 REPLY_TAG = 2
@@ -102,3 +102,17 @@ def idle_pause(idle: int) -> float:
     if idle > POLL_IDLE_AFTER:
         return POLL_IDLE_S
     return min(POLL_BUSY_S, 20e-6 * (1 << min(idle - POLL_SPINS, 10)))
+
+
+def unfinished(requests: List[Any], error: Any) -> List[Any]:
+    """The nonblocking sends of ``requests`` not completed yet; a send that
+    failed (``error``: ``MPI.Exception``) to a process that died is dropped
+    (its death is handled where the link's probe reports it)."""
+    left = []
+    for request in requests:
+        try:
+            if not request.test()[0]:
+                left.append(request)
+        except error:
+            pass
+    return left

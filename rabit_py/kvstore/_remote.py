@@ -35,13 +35,14 @@ from typing import Any, Deque, Dict, Hashable, List, Optional, Sequence, Tuple, 
 import numpy as np
 
 from .. import api
-from .._arrays import is_device_array, to_host
+from .._arrays import to_host
 from .._servers import connect_replacement
 from ..errors import KVStoreError, NotInitializedError
 from ..ops import Op
 from ._client import Client
 from ._plans import Key, check_key
 from ._protocol import CLOCKS, CLOSE, INIT, OPEN, PULL, PUSH, SYNC, UPDATER, Part, partition
+from ._values import copy_out, local_sum, pairs
 from .optimizer import Optimizer, Updater
 
 __all__ = ["ServerKVStore", "ASYNC_TYPES"]
@@ -243,7 +244,7 @@ class ServerKVStore:
             TypeError, ValueError: a bad key or value.
         """
         self._check_usable()
-        keys, values = _pairs(key, value)
+        keys, values = pairs(key, value)
         requests = []
         for k, v in zip(keys, values):
             if k in self._keys or keys.count(k) > 1:
@@ -300,10 +301,11 @@ class ServerKVStore:
                 is not the key's, or the link failed.
         """
         self._check_usable()
-        keys, values = _pairs(key, value)
+        keys, values = pairs(key, value)
         for k, v in zip(keys, values):
             entry = self._known(k, "push")
-            flat = self._local_sum(k, entry, v).reshape(-1)
+            # Sent later, by the progress thread: a copy.
+            flat = local_sum(k, v, entry.shape, entry.dtype, self.rank).reshape(-1)
             for part, (server, start, stop) in enumerate(entry.parts):
                 if not entry.holds(part):
                     self._send(server, k, priority,
@@ -360,7 +362,7 @@ class ServerKVStore:
                 # Pushes the part holds need no resending after a failover.
                 self._client.applied((self._sid, server, k, part), int(clocks[self.rank]))
                 value[start:stop] = part_value
-            results.append(_copy_out(k, value.reshape(entry.shape), o, self.rank))
+            results.append(copy_out(k, value.reshape(entry.shape), o, self.rank))
         return results[0] if single else results
 
     def pushpull(self, key: Union[Key, Sequence[Key]], value: Any, out: Any = None,
@@ -541,25 +543,6 @@ class ServerKVStore:
             raise KVStoreError(f"rank {self.rank}: {action} of key {key!r}, which was never "
                                f"initialized; call init({key!r}, value) first") from None
 
-    def _local_sum(self, key: Key, entry: _Entry, value: Any) -> np.ndarray:
-        parts = list(value) if isinstance(value, (list, tuple)) else [value]
-        if not parts:
-            raise ValueError(f"push of key {key!r}: an empty list of values")
-        total: Optional[np.ndarray] = None
-        for part in parts:
-            array = np.asarray(to_host(part))
-            if array.shape != entry.shape or array.dtype != entry.dtype:
-                raise KVStoreError(f"rank {self.rank}: push of key {key!r} with shape "
-                                   f"{array.shape} and dtype {array.dtype}, but the key holds "
-                                   f"{entry.shape} {entry.dtype}; a key's shape and dtype "
-                                   f"are fixed by init")
-            if total is None:
-                total = np.array(array, copy=True, order="C")   # sent later: a copy
-            else:
-                total += array
-        assert total is not None
-        return total
-
     def _check_usable(self) -> None:
         if self._closed:
             raise KVStoreError("the KVStore is closed")
@@ -573,26 +556,3 @@ class ServerKVStore:
                              f"the job ends (rabit-run --max-restarts starts it again)")
         error.restartable = True        # type: ignore[attr-defined] - a fault, not a bug
         return error
-
-
-def _pairs(key: Any, value: Any) -> Tuple[List[Key], List[Any]]:
-    if isinstance(key, (list, tuple)):
-        if not isinstance(value, (list, tuple)) or len(value) != len(key):
-            raise ValueError(f"{len(key)} keys need a list of {len(key)} values")
-        return [check_key(k) for k in key], list(value)
-    return [check_key(key)], [value]
-
-
-def _copy_out(key: Key, value: np.ndarray, out: Any, rank: int) -> Any:
-    if out is None:
-        return value
-    targets = out if isinstance(out, (list, tuple)) else [out]
-    for target in targets:
-        if tuple(target.shape) != value.shape:
-            raise KVStoreError(f"rank {rank}: pull of key {key!r} into an array of shape "
-                               f"{tuple(target.shape)}; the key holds {value.shape}")
-        if is_device_array(target):
-            target.set(value.astype(target.dtype, copy=False))
-        else:
-            np.copyto(target, value, casting="same_kind")
-    return out

@@ -72,7 +72,7 @@ from .._status import RESTART, Reporter
 from .._unpickle import NotData, load_data
 from ..config import Config
 from ._protocol import (CLOCKS, CLOSE, INIT, OPEN, PULL, PUSH, REPLY_TAG, REQUEST_TAG, SYNC,
-                        UPDATER, idle_pause)
+                        UPDATER, idle_pause, unfinished)
 
 __all__ = ["Server", "main"]
 
@@ -631,14 +631,7 @@ class Server:
 
     def _complete_sends(self) -> None:
         if self._sends:
-            left = []
-            for request in self._sends:
-                try:
-                    if not request.test()[0]:
-                        left.append(request)
-                except self._mpi.Exception:
-                    pass                # to a worker that died
-            self._sends = left
+            self._sends = unfinished(self._sends, self._mpi.Exception)
 
     def _lost(self, exc: BaseException) -> None:
         message = (f"rabit_py server {self.index}: a process of the job failed ({exc}) that "
