@@ -17,7 +17,9 @@ for a spare (W: its rank in ``MPI_COMM_WORLD``):
   after a failure), ``spawn`` (repairing, inside a spawn of processes for the
   ranks listed in SPAWNING, comma-separated; ``-`` in other states), ``user``
   (in the program's own code), ``prepare`` (in the program's ``prepare_fun``,
-  inside the call: its own code too) or ``done``;
+  inside the call: its own code too) or ``done``; a parameter server
+  (``server-I``, Note [server processes] in ``_servers.py``) beats from a
+  thread of its own with STATE ``serve`` and SEQNO the requests it handled;
 - ``NAME.fatal``: the job cannot go on; first line ``restart`` (a restart from
   the durable checkpoint may help), ``bug`` (it would not: the program must
   change), ``setup`` (the job cannot start as it is set up: ranks with
@@ -57,7 +59,7 @@ RESTART = "restart"
 BUG = "bug"
 SETUP = "setup"
 ABORT = "abort"         # the program ended the job on purpose (rabit.abort)
-STATES = ("call", "repair", "spawn", "user", "prepare", "done")
+STATES = ("call", "repair", "spawn", "user", "prepare", "done", "serve")
 
 
 class Reporter:

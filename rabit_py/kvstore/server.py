@@ -650,6 +650,20 @@ class _Refused(Exception):
 
 
 _REPLICA_TAG = 3                    # on the servers' own communicator
+BEAT_S = 1.0                        # between two heartbeats
+
+
+def _beat(server: Server, served: threading.Event) -> None:
+    """Beat every ``BEAT_S`` until ``served`` is set, from a thread of
+    its own, whatever the loop does: rabit-run ends a server on another host
+    whose beats stop (rule (g) of Note [supervision] in
+    ``launcher/_supervisor.py``), as it ends a silent rank."""
+    if server.reporter is None or server.reporter.folder is None:
+        return
+    while True:
+        server.reporter.beat(0, sum(list(server.handled.values())), 0, "serve")
+        if served.wait(BEAT_S):
+            return
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -672,7 +686,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     # a server that ended its loop and then waits in MPI_Finalize is said so.
     server.reporter = Reporter(config.run_status_dir, f"server-{server.index}")
     server.reporter.started()
+    served = threading.Event()
+    threading.Thread(target=_beat, args=(server, served), name="rabit_py-server-beat",
+                     daemon=True).start()
     server.run()
+    served.set()
     server.reporter.exited(True)
     if config.log_level.upper() == "DEBUG":
         sys.stderr.write(f"rabit_py server {server.index}: handled {server.handled}\n")

@@ -55,11 +55,13 @@ And it ends one rank, not the job, when
     job replaces it in place as in (e). A request is acted on once, and only
     while fresh (``OVERDUE_FRESH_S``); a rank on another host is ended
     through the launch agent, as in (e);
-(g) a parameter server's process (``rabit-run --servers``; on this host) has
-    been stopped for ``FROZEN_S``: it holds every worker that pulls from it,
-    and killed it is a dead server, whose replica takes its place (or whose
-    death ends the job for a restart from the shard checkpoints: Note
-    [server replicas] in ``kvstore/server.py``).
+(g) a parameter server's process (``rabit-run --servers``) has been stopped
+    for ``FROZEN_S`` (this host), or its heartbeats stopped for ``SILENT_S``
+    (another host: a thread of the server beats every second, whatever its
+    loop does; it is ended through the launch agent as in (e)): it holds
+    every worker that pulls from it, and killed it is a dead server, whose
+    replica takes its place (or whose death ends the job for a restart from
+    the shard checkpoints: Note [server replicas] in ``kvstore/server.py``).
 
 # Note [stuck spawn]
 ``MPI_Comm_spawn`` and the merge after it are not fault tolerant in Open MPI
@@ -148,6 +150,7 @@ STALL_FLOOR_S = 60.0
 STALL_CEILING_S = 900.0
 LAUNCH_FAILED = 213       # PRRTE: the job could not be started
 COMPUTING = ("user", "prepare", "done")     # states outside rabit_py's waits
+REPLACED_IN_PLACE = "so that the job replaces it in place"
 
 
 @dataclasses.dataclass
@@ -213,8 +216,9 @@ class Attempt:
                 for name in ("btl_sm_backing_directory", "osc_sm_backing_directory"):
                     self.env.setdefault(f"OMPI_MCA_{name}", shm)
         self._host = socket.gethostname()
-        #: (host, rank): a host that the launch agent could not reach to end
-        #: that rank (Note [supervision], rules (e) and (f)).
+        #: (host, who): a host that the launch agent could not reach to end
+        #: that rank or server ("rank 3", "server 1"; Note [supervision],
+        #: rules (e), (f) and (g)).
         self.unreachable: Optional[Tuple[str, str]] = None
         #: rules (e), (f): the ranks ended alone ("frozen: ..." / "hung: ..."),
         #: appended by the supervision and the threads that end remote ones
@@ -387,11 +391,13 @@ class Attempt:
             self._said.add(text)
             print(text, file=sys.stderr, flush=True)
 
-    def end_process(self, label: str, rank: str, pid: int, host: str, why: str) -> bool:
-        """SIGKILL rank ``rank``'s process ``pid`` on ``host``, which ``why``
-        (``"was stopped ..."``) explains: on this host at once, on another
-        through the launch agent that PRRTE uses to reach it, in the
-        background (a host that does not answer must not hold the
+    def end_process(self, label: str, who: str, pid: int, host: str, why: str,
+                    then: str = REPLACED_IN_PLACE) -> bool:
+        """SIGKILL the process ``pid`` on ``host`` of ``who`` (``"rank 3"``,
+        ``"server 1"``), which ``why`` (``"was stopped ..."``) explains and
+        ``then`` (what the job does about it) follows: on this host at once,
+        on another through the launch agent that PRRTE uses to reach it, in
+        the background (a host that does not answer must not hold the
         supervision). What was done is said and kept for the summary under
         ``label``; a host the agent cannot reach is kept in
         :attr:`unreachable`. Returns False if the process was gone already
@@ -401,16 +407,15 @@ class Attempt:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 return False
-            self._ended(label, f"rank {rank} (pid {pid}) {why}; killed it, so that the job "
-                               f"replaces it in place")
+            self._ended(label, f"{who} (pid {pid}) {why}; killed it, {then}")
             return True
         agent = launch_agent(self.cmd, self.env)
-        threading.Thread(target=self._end_remote, args=(agent, label, rank, pid, host, why),
-                         daemon=True).start()
+        threading.Thread(target=self._end_remote,
+                         args=(agent, label, who, pid, host, why, then), daemon=True).start()
         return True
 
-    def _end_remote(self, agent: List[str], label: str, rank: str, pid: int, host: str,
-                    why: str) -> None:
+    def _end_remote(self, agent: List[str], label: str, who: str, pid: int, host: str,
+                    why: str, then: str) -> None:
         try:
             done = subprocess.run([*agent, host, f"kill -KILL {pid}"], env=self.env,
                                   stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -421,15 +426,14 @@ class Attempt:
                 return          # kill itself failed: the process had ended meanwhile
         except (OSError, subprocess.TimeoutExpired) as exc:
             failed = str(exc)
-        who = f"rank {rank} (pid {pid} on host {host}) {why}"
+        what = f"{who} (pid {pid} on host {host}) {why}"
         if failed is None:
-            self._ended(label, f"{who}; killed it there through the launch agent "
-                               f"({agent_name(agent)}), "
-                               f"so that the job replaces it in place")
+            self._ended(label, f"{what}; killed it there through the launch agent "
+                               f"({agent_name(agent)}), {then}")
             return
-        self._say(f"rabit-run: {who}; the launch agent ({' '.join(agent)}) could not reach "
+        self._say(f"rabit-run: {what}; the launch agent ({' '.join(agent)}) could not reach "
                   f"the host to end it: {failed}")
-        self.unreachable = self.unreachable or (host, rank)     # read by _Watch.look
+        self.unreachable = self.unreachable or (host, who)     # read by _Watch.look
 
     def _ended(self, label: str, what: str) -> None:
         self.ended.append(f"{label}: {what}")
@@ -586,8 +590,8 @@ class _Watch:
         self._end_frozen(now, alive)
         self._end_frozen_servers(now, reports)
         if self.attempt.unreachable is not None:
-            host, rank = self.attempt.unreachable
-            return (f"host {host} does not answer: rank {rank} there held the others and the "
+            host, who = self.attempt.unreachable
+            return (f"host {host} does not answer: {who} there held the others and the "
                     f"launch agent could not reach the host to end it")
         # (f) a rank that the others waited for past the collective timeout.
         self._end_hung(alive)
@@ -639,7 +643,7 @@ class _Watch:
             if not waiting or now - since < FROZEN_S:
                 continue
             if self.attempt.end_process(
-                    "frozen", name.split("-", 1)[1], pid, self.attempt._host,
+                    "frozen", name.replace("-", " "), pid, self.attempt._host,
                     f"was stopped (SIGSTOP) for {now - since:.1f} s while the other ranks "
                     f"waited for it in rabit_py"):
                 del self.frozen_since[pid]
@@ -647,26 +651,36 @@ class _Watch:
 
     def _end_frozen_servers(self, now: float, reports: Dict[str, Report]) -> None:
         """Rule (g) of Note [supervision]: SIGKILL a parameter server's
-        process (this host) that has been stopped for ``FROZEN_S``."""
+        process that has been stopped for ``FROZEN_S`` (this host), or whose
+        heartbeats stopped for ``SILENT_S`` (another host, through the launch
+        agent, as rule (e) ends a silent rank)."""
         for name, report in reports.items():
             if not name.startswith("server-") or report.ok or report.started_by is None:
                 continue
             pid, host = report.started_by
-            if host != self.attempt._host or not is_stopped(pid, traced=False):
+            who, then = name.replace("-", " "), ("so that its replica serves its parts (or "
+                                                 "the job restarts)")
+            if host != self.attempt._host:
+                beat, last = report.beat, self.beats.get(name)
+                if beat is None or beat[5] != pid:
+                    continue                # not beating yet
+                if last is None or last[0] != beat[0]:
+                    self.beats[name] = (beat[0], now)
+                elif now - last[1] >= SILENT_S and (name, beat[0]) not in self.silenced:
+                    self.silenced.add((name, beat[0]))
+                    self.attempt.end_process(
+                        "frozen", who, pid, host,
+                        f"sent no heartbeat for {now - last[1]:.1f} s, holding the workers' "
+                        f"pulls (a stopped process, or one where Python no longer runs)", then)
+                continue
+            if not is_stopped(pid, traced=False):
                 self.servers_frozen_since.pop(pid, None)
                 continue
             since = self.servers_frozen_since.setdefault(pid, now)
-            if now - since < FROZEN_S:
-                continue
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            del self.servers_frozen_since[pid]
-            self.attempt._ended("frozen", f"{name.replace('-', ' ')} (pid {pid}) was stopped "
-                                          f"(SIGSTOP) for {now - since:.1f} s, holding the "
-                                          f"workers' pulls; killed it, so that its replica "
-                                          f"serves its parts (or the job restarts)")
+            if now - since >= FROZEN_S and self.attempt.end_process(
+                    "frozen", who, pid, host, f"was stopped (SIGSTOP) for {now - since:.1f} s, "
+                                              f"holding the workers' pulls", then):
+                del self.servers_frozen_since[pid]
 
     def _end_silent(self, now: float, alive: Dict[str, Report]) -> None:
         """Rule (e) for a rank on another host, whose process state cannot be
@@ -692,7 +706,7 @@ class _Watch:
                 continue
             self.silenced.add((name, beat[0]))
             self.attempt.end_process(
-                "frozen", name.split("-", 1)[1], beat[5], beat[6],
+                "frozen", name.replace("-", " "), beat[5], beat[6],
                 f"sent no heartbeat for {quiet:.1f} s while the other ranks waited for it in "
                 f"rabit_py (a stopped process, or one where Python no longer runs)")
 
@@ -722,7 +736,7 @@ class _Watch:
                 place = (f"in its own code after call #{beat[2]} of version {beat[1]}"
                          if r.state == "user" else "in the prepare_fun of that call")
                 if self.attempt.end_process(
-                        "hung", other.split("-", 1)[1], beat[5], beat[6],
+                        "hung", other.replace("-", " "), beat[5], beat[6],
                         f"was {place} while rank(s) {who} waited "
                         f"{max(t for _, t in waiters):.1f} s for it in call #{seqno} of version "
                         f"{version}, past the collective timeout"):

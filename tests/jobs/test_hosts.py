@@ -190,17 +190,22 @@ def test_fault_tolerant_xgboost_across_namespace_hosts_gives_the_one_machine_boo
 
 
 @needs_hosts
-@pytest.mark.parametrize("kill", [True])
-def test_parameter_servers_across_namespace_hosts(tmp_path, kill):
+@pytest.mark.parametrize("fault", ["worker killed", "server frozen"])
+def test_parameter_servers_across_namespace_hosts(tmp_path, fault):
     # rabit-run --servers on two hosts of 3 slots: 4 workers, then the 2
-    # servers (on the second host); with kill, worker 3 (on the second host)
-    # is SIGKILLed and replaced in the job: its replacement connects to the
-    # servers across the hosts and resumes at its clock. Every push applied
-    # exactly once: the sums are exact.
+    # servers (on the second host). "worker killed": worker 3 (on the second
+    # host) is SIGKILLed and replaced in the job: its replacement connects to
+    # the servers across the hosts and resumes at its clock. "server
+    # frozen": a server is SIGSTOPped; rabit-run cannot read its state on the
+    # other host, sees its heartbeats stop and ends it through the launch
+    # agent (rule (g) of Note [supervision]); its replica serves its parts.
+    # Every push applied exactly once: the sums are exact.
     import json
     import os
     import signal
     import threading
+
+    from rabit_py.launcher._processes import descendants
 
     out = tmp_path / "out"
     out.mkdir()
@@ -209,23 +214,45 @@ def test_parameter_servers_across_namespace_hosts(tmp_path, kill):
     steps = 100
     program = [sys.executable, str(ROOT / "tests/programs/kv_servers.py"), "resume", "--mode",
                "dist_ssp", "--staleness", "1", "--iterations", str(steps), "--pace", "0.02",
-               "--replicas", "1", "--out", str(out)]
-    killed = []
+               "--replicas", "1", "--timeout", "60", "--out", str(out)]
+    hit = []
     with cluster_demo.Hosts(2, 3) as hosts:
         def on_line(line):
             words = line.split()
-            if kill and len(words) >= 5 and words[:2] == ["ready", "3"] and not killed:
-                killed.append(int(words[2]))
-                threading.Timer(0.7, os.kill, (killed[0], signal.SIGKILL)).start()
+            if hit or len(words) < 5 or words[:2] != ["ready", "3"]:
+                return
+            if fault == "worker killed":
+                hit.append(int(words[2]))
+                threading.Timer(0.7, os.kill, (hit[0], signal.SIGKILL)).start()
+                return
+            servers = [p for p in descendants(os.getpid()) if p in hosts.pids(hosts.names[1])
+                       and _cmdline(p)[1:3] == [b"-m", b"rabit_py.kvstore.server"]]
+            if servers:
+                hit.append(servers[-1])
+                threading.Timer(0.7, os.kill, (hit[0], signal.SIGSTOP)).start()
 
         code, text = run(hosts.rabit_run(4, program, "--servers", "2"), timeout=180,
                          on_line=on_line)
-    assert code == 0, text[-6000:]
-    if kill:
-        assert killed and "replaced rank(s) [3]" in text, text[-6000:]
+    assert hit and code == 0, text[-6000:]
+    if fault == "worker killed":
+        assert "replaced rank(s) [3]" in text, text[-6000:]
         assert "the replacement of worker 3 connected" in text, text[-6000:]
+    else:
+        assert re.search(rf"rabit-run: server \d \(pid {hit[0]} on host {hosts.names[1]}\) sent "
+                         rf"no heartbeat for [\d.]+ s, holding the workers' pulls .*; killed "
+                         rf"it there through the launch agent", text), text[-6000:]
+        assert "restart 1 of" not in text, text[-6000:]
     for rank in range(4):
         result = json.loads((out / f"rank{rank}.json").read_text())
         assert result["small"] == [float(steps * (1 + 2 + 3 + 4))] * 5, text[-6000:]
         assert result["big"] == [float(steps * 4)] * 200
-        assert (result["start"] > 0) == (kill and rank == 3), (rank, result["start"])
+        assert (result["start"] > 0) == (fault == "worker killed" and rank == 3), \
+            (rank, result["start"])
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []

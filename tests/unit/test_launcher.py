@@ -553,6 +553,57 @@ def test_the_launch_agent_is_found_where_prrte_takes_it(tmp_path):
     assert launch_agent(["mpirun", "-n", "2", "x"], {})[0] in ("ssh", "rsh")
 
 
+def test_a_silent_server_on_another_host_is_ended_through_the_launch_agent(tmp_path):
+    # Rule (g) of Note [supervision]: a server's heartbeats unchanged for
+    # SILENT_S (on another host, whose process states rabit-run cannot read)
+    # end it through the agent, once per silence; a beat restarts the count.
+    import shutil
+
+    from rabit_py._status import Reporter, read_reports
+    from rabit_py.launcher._supervisor import SILENT_S, Attempt, _Watch
+
+    calls = tmp_path / "calls"
+    agent = tmp_path / "agent"
+    agent.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    agent.chmod(0o755)
+    attempt = Attempt(["mpirun", "--mca", "plm_rsh_agent", str(agent), "-n", "2", "x"], 2, {},
+                      private_dirs=False, status_parent=str(tmp_path))
+    try:
+        attempt._host = "here"
+        server = Reporter(attempt.status_dir, "server-1")
+        server._host = "there"
+        server.started()
+        server.beat(0, 7, 0, "serve")
+        watch = _Watch(attempt)
+
+        def look(at):
+            watch._end_frozen_servers(at, read_reports(attempt.status_dir))
+
+        look(100.0)
+        look(100.0 + SILENT_S - 0.5)
+        server.beat(0, 8, 0, "serve")          # it beats again: silent from here
+        look(100.0 + SILENT_S)
+        look(100.0 + 2 * SILENT_S - 0.5)
+        assert not calls.exists() and attempt.ended == []
+        look(100.0 + 2 * SILENT_S + 0.5)
+        look(100.0 + 2 * SILENT_S + 1.5)        # once per silence
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not attempt.ended:
+            time.sleep(0.05)
+        assert calls.read_text() == f"there kill -KILL {os.getpid()}\n"
+        assert attempt.ended == [
+            f"frozen: server 1 (pid {os.getpid()} on host there) sent no heartbeat for "
+            f"{SILENT_S + 0.5:.1f} s, holding the workers' pulls (a stopped process, or one "
+            f"where Python no longer runs); killed it there through the launch agent "
+            f"({agent}), so that its replica serves its parts (or the job restarts)"]
+        server.exited(True)                     # a server that ended is left alone
+        look(200.0)
+        look(200.0 + 2 * SILENT_S)
+        assert calls.read_text().count("kill") == 1
+    finally:
+        shutil.rmtree(attempt.status_dir, ignore_errors=True)
+
+
 @pytest.mark.parametrize("status,expected", [(0, "ended"), (1, "gone"), (255, "unreachable")])
 def test_a_rank_on_another_host_is_ended_through_the_launch_agent(tmp_path, status, expected):
     # Rules (e)/(f) of Note [supervision]: AGENT HOST kill -KILL PID. ssh's own
@@ -572,7 +623,7 @@ def test_a_rank_on_another_host_is_ended_through_the_launch_agent(tmp_path, stat
                       private_dirs=False, status_parent=str(tmp_path))
     try:
         attempt._host = "here"
-        assert attempt.end_process("hung", "3", 4242, "there", "was stuck")
+        assert attempt.end_process("hung", "rank 3", 4242, "there", "was stuck")
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and not (
                 attempt.ended or attempt.unreachable or (expected == "gone" and calls.exists())):
@@ -585,6 +636,6 @@ def test_a_rank_on_another_host_is_ended_through_the_launch_agent(tmp_path, stat
                                      f"the job replaces it in place"]
         else:
             assert attempt.ended == []
-        assert attempt.unreachable == (("there", "3") if expected == "unreachable" else None)
+        assert attempt.unreachable == (("there", "rank 3") if expected == "unreachable" else None)
     finally:
         shutil.rmtree(attempt.status_dir, ignore_errors=True)
