@@ -246,7 +246,7 @@ def build_command(argv: Sequence[str], is_root: Optional[bool] = None,
         # MPI_Comm_spawn (the replacements of one repair) is not, so PRRTE
         # killed every replacement of a repair when one of them died, and
         # the next repair then waited on a spawn that could not finish
-        # (Note [spawned jobs] in engine/_join.py).
+        # (Note [spawned jobs] in rabit_py/_spawn.py).
         cmd += ["--prtemca", "state_base_recoverable", "1"]
         if not _sets_mca(passthrough, "pml"):
             # Note [fault-tolerant PML].

@@ -74,7 +74,7 @@ CASES = {
     "dies_during_replay": ("1,2,3,0;1,2,1,1", {1}),
     "two_versions": ("2,1,2,0;3,4,3,0", {2, 3}),
     # ranks 1 and 3 are replaced by one spawn; then one of those replacements
-    # dies (Note [spawned jobs] in engine/recovery/_join.py: PRRTE killed its sibling)
+    # dies (Note [spawned jobs] in rabit_py/_spawn.py: PRRTE killed its sibling)
     "a_replacement_of_a_burst_dies": ("1,1,1,0;3,1,1,0;3,2,2,1", {1, 3}),
 }
 

@@ -97,7 +97,7 @@ def test_no_import_cycle_among_rabit_py_modules():
 TIERS = {
     "rabit_py.errors": 0, "rabit_py.config": 0, "rabit_py.ops": 0, "rabit_py.extras": 0,
     "rabit_py._version": 0, "rabit_py._status": 0, "rabit_py._arrays": 0, "rabit_py.cli": 0,
-    "rabit_py._unpickle": 0, "rabit_py._servers": 0,
+    "rabit_py._unpickle": 0, "rabit_py._servers": 0, "rabit_py._spawn": 0,
     "rabit_py.engine": 1, "rabit_py.gpu": 1, "rabit_py.launcher": 1,
     "rabit_py.api": 2, "rabit_py": 2,
     "rabit_py.collective": 3, "rabit_py.rabit": 3, "rabit_py.mpi4py": 3,
@@ -258,7 +258,7 @@ def test_cross_package_private_imports_are_named_and_at_most_one():
 
 def test_the_top_level_holds_the_core_contracts_and_drop_ins_only():
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__", "_arrays", "_servers", "_status", "_unpickle", "_version", "api", "cli",
+    assert top == ["__init__", "_arrays", "_servers", "_spawn", "_status", "_unpickle", "_version", "api", "cli",
                    "collective", "config", "errors", "extras", "mpi4py", "ops", "rabit"], top
 
 

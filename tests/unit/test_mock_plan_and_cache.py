@@ -138,7 +138,7 @@ def test_the_default_budget_is_a_sixteenth_of_memory_shared_by_the_node(monkeypa
 
 
 def test_a_replacement_gets_what_fits_in_one_info_value_most_needed_first():
-    from rabit_py.engine.recovery._join import spawn_environment
+    from rabit_py._spawn import spawn_environment
 
     environ = {"HOME": "/root", "RABIT_TIMEOUT": "30", "PYTHONPATH": "/src",
                "RABIT_CHECKPOINT_DIR": "/a/very/long/shared/path/" + "x" * 200,
