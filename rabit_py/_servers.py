@@ -26,22 +26,32 @@ A worker's ``rabit_py.finalize()`` sends every server one empty message
 tagged :data:`BYE_TAG` on its link; a server ends once every worker said
 goodbye.
 
+When a server dies, the surviving servers start its replacement
+(:func:`spawn_server`, :func:`join_servers`; Note [replaced servers] in
+``kvstore/server.py``): it is outside ``COMM_WORLD``, so it opens a port for
+each worker and one surviving server tells each worker the port of its own
+(:data:`MOVED_TAG`, ``(server index, port)``), where the worker connects and
+says which worker it is (:data:`HELLO_TAG`).
+
 Spares (``RABIT_SPARES``) are taken from the end of ``COMM_WORLD`` too; the
 two are not combined yet (refused at ``init``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+import sys
+from typing import Any, List, Optional, Set, Tuple
 
-__all__ = ["WORKER", "SERVER", "BYE_TAG", "PORT_TAG", "HELLO_TAG", "split_world",
-           "say_goodbye", "server_ranks", "connect_replacement", "acknowledge_failures"]
+__all__ = ["WORKER", "SERVER", "BYE_TAG", "PORT_TAG", "HELLO_TAG", "MOVED_TAG", "split_world",
+           "say_goodbye", "server_ranks", "connect_replacement", "acknowledge_failures",
+           "spawn_server", "join_servers"]
 
 WORKER = 0
 SERVER = 1
 BYE_TAG = 999
 PORT_TAG = 998
 HELLO_TAG = 997
+MOVED_TAG = 996
 
 
 def split_world(world: Any, servers: int, role: int) -> Tuple[Any, Any, str]:
@@ -127,12 +137,15 @@ def say_goodbye(link: Any, servers: int) -> None:
             pass
 
 
-def acknowledge_failures(comm: Any, exc: Any) -> list:
+def acknowledge_failures(comm: Any, exc: Any, known: Optional[Set[int]] = None) -> List[int]:
     """After ``exc`` from an operation on ``comm`` (the link, a replacement's
     connection, the servers' own communicator): if it says that a process
     died (ULFM's ``MPI_ERR_PROC_FAILED``, or ``_PENDING`` for a receive from
     any source), acknowledge the failures, so that such receives work again,
-    and return the dead ranks (remote ranks on an intercommunicator).
+    and return the dead ranks (remote ranks on an intercommunicator). MPI
+    reports every failure of the communicator so far, the old ones too:
+    with ``known`` (the ranks the caller already acted on, updated here),
+    only the new ones are returned.
 
     Raises:
         ``exc`` itself for any other error.
@@ -149,9 +162,51 @@ def acknowledge_failures(comm: Any, exc: Any) -> list:
     try:
         base = comm.Get_remote_group() if comm.Is_inter() else comm.Get_group()
         try:
-            return [r for r in MPI.Group.Translate_ranks(group, list(range(group.Get_size())),
+            dead = [r for r in MPI.Group.Translate_ranks(group, list(range(group.Get_size())),
                                                          base) if r >= 0]
         finally:
             base.Free()
+        if known is not None:
+            dead = [r for r in dead if r not in known]
+            known.update(dead)
+        return dead
     finally:
         group.Free()
+
+
+def spawn_server(survivors: Any, index: int, me: int) -> Any:
+    """The surviving servers' side of replacing dead server ``index``
+    (Note [server processes]): collective over ``survivors`` (the servers'
+    own communicator, shrunk), whose first rank spawns one ``python -m
+    rabit_py.kvstore.server --replaces INDEX``. ``me``: this server's index.
+    Returns the servers' new own communicator, ranked by server index (the
+    new process at ``index``), errors returned. Raises ``MPI.Exception``."""
+    from mpi4py import MPI
+
+    from ._spawn import spawn_info
+
+    info = spawn_info() if survivors.Get_rank() == 0 else MPI.INFO_NULL
+    inter = survivors.Spawn(sys.executable, args=["-m", "rabit_py.kvstore.server",
+                                                  "--replaces", str(index)],
+                            maxprocs=1, root=0, info=info)
+    return _in_server_order(inter, False, me)
+
+
+def join_servers(index: int) -> Any:
+    """The new server's side of :func:`spawn_server`: its own communicator
+    with the surviving servers, where it is rank ``index``."""
+    from mpi4py import MPI
+
+    return _in_server_order(MPI.Comm.Get_parent(), True, index)
+
+
+def _in_server_order(inter: Any, high: bool, index: int) -> Any:
+    from mpi4py import MPI
+
+    inter.Set_errhandler(MPI.ERRORS_RETURN)
+    merged = inter.Merge(high=high)
+    merged.Set_errhandler(MPI.ERRORS_RETURN)
+    own = merged.Split(0, index)
+    own.Set_errhandler(MPI.ERRORS_RETURN)
+    merged.Free()
+    return own

@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any, Deque, Dict, Hashable, Iterator, List, Optional, Tuple
 
-from .._servers import acknowledge_failures, say_goodbye
+from .._servers import HELLO_TAG, MOVED_TAG, acknowledge_failures, say_goodbye
 from ._protocol import PULL, PUSH, REPLY_TAG, REQUEST_TAG, idle_pause, unfinished
 
 __all__ = ["Client", "Pending"]
@@ -66,9 +66,11 @@ class Client:
         first_server: the servers' first rank on the link (0 on a
             replacement's connection).
         servers: the number of servers.
+        rank: this worker's rank (told to a replacement server when it
+            connects: Note [replaced servers] in ``server.py``).
     """
 
-    def __init__(self, link: Any, first_server: int, servers: int) -> None:
+    def __init__(self, link: Any, first_server: int, servers: int, rank: int = 0) -> None:
         from mpi4py import MPI
 
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
@@ -79,6 +81,11 @@ class Client:
         self.link = link
         self.first_server = first_server
         self.servers = servers
+        self.rank = rank
+        #: servers replaced by a new process, reached on a connection of their
+        #: own (Note [replaced servers] in server.py): index -> connection
+        self.moved_to: Dict[int, Any] = {}
+        self._known_failed: set = set()         # ranks of the link known dead
         self._cond = threading.Condition()
         self._heads: List[Tuple[int, int, Hashable]] = []       # (-priority, seq, key)
         self._queues: Dict[Hashable, Deque[Tuple[int, int, int, tuple]]] = {}
@@ -186,16 +193,29 @@ class Client:
             self._thread.join(timeout)
             if self.link.Is_inter():
                 say_goodbye(self.link, self.servers)
+            for connection in self.moved_to.values():
+                say_goodbye(connection, 1)
 
-    def _peer_failed(self, exc: Any) -> None:
-        """A process of the link died: a worker's death is only acknowledged
-        (the job's recovery replaces it: Note [replaced workers] in
-        ``server.py``), a server's fails its parts over (Note [server
-        replicas]); any other error fails the link."""
-        dead = acknowledge_failures(self.link, exc)
-        for rank in dead:
+    def _peer_failed(self, exc: Any, comm: Any = None) -> None:
+        """A process of the link (or of ``comm``, a replaced server's
+        connection) died: a worker's death is only acknowledged (the job's
+        recovery replaces it: Note [replaced workers] in ``server.py``), a
+        server's fails its parts over (Note [server replicas]); any other
+        error fails the link."""
+        if comm is not None and comm is not self.link:
+            acknowledge_failures(comm, exc)
+            index = next(i for i, c in self.moved_to.items() if c is comm)
+            del self.moved_to[index]
+            self._server_died(index, exc)
+            return
+        for rank in acknowledge_failures(self.link, exc, self._known_failed):
             if rank >= self.first_server:
                 self._server_died(rank - self.first_server, exc)
+
+    def _dest(self, holder: int) -> Tuple[Any, int]:
+        """Where server ``holder`` is reached: (communicator, rank)."""
+        moved = self.moved_to.get(holder)
+        return (moved, 0) if moved is not None else (self.link, self.first_server + holder)
 
     # ------------------------------------------------------------ failover
     def applied(self, part: Tuple[Any, int, Hashable, int], count: int) -> None:
@@ -228,12 +248,12 @@ class Client:
         holder is failed over and the request sent to the next."""
         MPI = self._mpi
         for _ in range(self.servers):
+            comm, rank = self._dest(self.route[server])
             try:
-                self._sends.append(self.link.isend(
-                    request, dest=self.first_server + self.route[server], tag=REQUEST_TAG))
+                self._sends.append(comm.isend(request, dest=rank, tag=REQUEST_TAG))
                 return
             except MPI.Exception as exc:
-                self._peer_failed(exc)
+                self._peer_failed(exc, comm)
         raise RuntimeError("no server left to send to")
 
     def _server_died(self, index: int, exc: BaseException) -> None:
@@ -261,8 +281,33 @@ class Client:
         # for a server as a whole (sync, close, ...) goes to its successor,
         # where it changes nothing twice.
         for _, target, request in sorted(again, key=lambda item: item[0]):
-            self._sends.append(self.link.isend(
-                request, dest=self.first_server + self.route[target], tag=REQUEST_TAG))
+            comm, rank = self._dest(self.route[target])
+            self._sends.append(comm.isend(request, dest=rank, tag=REQUEST_TAG))
+
+    def _moved(self, index: int, port: str) -> None:
+        """Server ``index`` was replaced by a new process (Note [replaced
+        servers] in ``server.py``): connect to it on ``port``, and send it
+        what may have been lost on the way (the pushes of its parts not seen
+        applied, the requests not answered), as after a failover."""
+        MPI = self._mpi
+        connection = MPI.COMM_SELF.Connect(port, root=0)
+        connection.Set_errhandler(MPI.ERRORS_RETURN)
+        connection.send(self.rank, dest=0, tag=HELLO_TAG)
+        with self._cond:
+            # The process it replaced, on the link, is dead whether or not
+            # this worker saw it die (Note [replaced servers]).
+            self._known_failed.add(self.first_server + index)
+            self.moved_to[index] = connection
+            self.dead_servers.discard(index)
+            self.route[index] = index
+            again = [item for part, kept in self._unacked.items() if part[1] == index
+                     for item in kept]
+            again += [item for item in self._inflight.values() if item[1] == index]
+        for _, _, request in sorted(again, key=lambda item: item[0]):
+            self._sends.append(connection.isend(request, dest=0, tag=REQUEST_TAG))
+        sys.stderr.write(f"rabit_py: worker {self.rank} connected to the new server {index}; "
+                         f"{len(again)} request(s) sent there again\n")
+        sys.stderr.flush()
 
     # ------------------------------------------------------------ the thread
     def _take(self) -> List[Tuple[int, int, tuple, Hashable]]:
@@ -305,14 +350,30 @@ class Client:
                         with self._cond:
                             self._sends = left
                             self._cond.notify_all()
-                while self._due:
+                for comm in [self.link, *self.moved_to.values()]:
                     try:
-                        message = self.link.improbe(MPI.ANY_SOURCE, REPLY_TAG, status)
+                        message = comm.improbe(MPI.ANY_SOURCE, MOVED_TAG, status)
                     except MPI.Exception as exc:
-                        self._peer_failed(exc)      # another worker: go on
-                        continue
-                    if message is None:
+                        self._peer_failed(exc, comm)
                         break
+                    if message is not None:
+                        self._moved(*message.recv())
+                        busy = True
+                        break
+                while self._due:
+                    message = None
+                    for comm in [self.link, *self.moved_to.values()]:
+                        try:
+                            message = comm.improbe(MPI.ANY_SOURCE, REPLY_TAG, status)
+                        except MPI.Exception as exc:
+                            self._peer_failed(exc, comm)    # another worker: go on
+                            break
+                        if message is not None:
+                            break
+                    else:
+                        break
+                    if message is None:
+                        continue
                     rid, answer, payload = message.recv()
                     busy = True
                     with self._cond:

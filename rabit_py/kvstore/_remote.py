@@ -156,9 +156,9 @@ class ServerKVStore:
                     link = connect_replacement(port, info.rank)
                 except Exception as exc:  # noqa: BLE001
                     raise self._link_failed(exc) from exc
-                client = Client(link, 0, self._servers)
+                client = Client(link, 0, self._servers, info.rank)
             else:
-                client = Client(link, self._workers, self._servers)
+                client = Client(link, self._workers, self._servers, info.rank)
             resources.server_client = client
         self._client: Client = client
         self._keys: Dict[Key, _Entry] = {}

@@ -9,8 +9,9 @@ updater on each push it receives, and answers pulls as the store's
 consistency model allows; it ends when every worker has left the job. It
 serves the others while a dead worker is replaced (Note [replaced
 workers]), keeps a copy of the previous server's parts and serves it when
-that server dies (Note [server replicas]), and writes its parts to disk for
-a restarted job (Note [shard checkpoints]).
+that server dies (Note [server replicas]), starts a new process in the dead
+server's place together with the other survivors (Note [replaced servers]),
+and writes its parts to disk for a restarted job (Note [shard checkpoints]).
 
 # Note [bounded delay]
 A worker's *clock* for a key is the number of its pushes of that key so
@@ -55,6 +56,7 @@ none twice.
 
 from __future__ import annotations
 
+import collections
 import glob
 import os
 import pickle
@@ -67,7 +69,8 @@ from typing import Any, Dict, Hashable, List, Optional, Tuple
 
 import numpy as np
 
-from .._servers import BYE_TAG, SERVER, acknowledge_failures, split_world
+from .._servers import (BYE_TAG, HELLO_TAG, MOVED_TAG, SERVER, acknowledge_failures,
+                        join_servers, spawn_server, split_world)
 from .._status import RESTART, Reporter
 from .._unpickle import NotData, load_data
 from ..config import Config
@@ -127,10 +130,14 @@ class Server:
         own: the servers' own communicator (replicas, accepting replacements).
         port: the MPI port replacement workers connect to ("": none can, as
             in a job without MPI fault tolerance).
+        servers: the number of servers (default: the link's ranks after the
+            workers'); a replacement server has no link (None): each worker
+            connects to it (Note [replaced servers]).
     """
 
     def __init__(self, link: Any, workers: int, index: int,
-                 config: Optional[Config] = None, own: Any = None, port: str = "") -> None:
+                 config: Optional[Config] = None, own: Any = None, port: str = "",
+                 servers: Optional[int] = None) -> None:
         from mpi4py import MPI
 
         self._mpi = MPI
@@ -138,20 +145,29 @@ class Server:
         self.workers = workers
         self.index = index
         self.config = config or Config()
-        self.servers = link.Get_size() - workers
+        self.servers = servers if servers is not None else link.Get_size() - workers
         self.stores: Dict[Any, _Store] = {}
         self.departed: set = set()
         #: workers dead and not replaced yet (Note [replaced workers])
         self.dead: set = set()
         #: how each worker is reached: (communicator, its rank there)
-        self.routes: Dict[int, Tuple[Any, int]] = {w: (link, w) for w in range(workers)}
+        self.routes: Dict[int, Tuple[Any, int]] = (
+            {w: (link, w) for w in range(workers)} if link is not None else {})
         #: the channels polled: the link, then each replacement's
-        self.channels: List[Any] = [link]
+        self.channels: List[Any] = [link] if link is not None else []
         self._own, self._port = own, port
         #: servers known dead; the server that keeps the copy of this one's
         #: parts (Note [server replicas]), None once it died
         self.dead_servers: set = set()
         self._backup: Optional[int] = (index + 1) % self.servers if self.servers > 1 else None
+        #: Note [replaced servers]: dead servers to replace, and those whose
+        #: parts this server handed to their replacement
+        self._to_replace: List[int] = []
+        #: requests for parts handed over, dropped here (Note [replaced servers])
+        self._dropped: Dict[int, Any] = {}
+        #: per communicator (by id), the failed ranks already acted on
+        self._known_failed: Dict[int, set] = {}
+        self._handed: set = set()
         self._arrivals: "queue.Queue[Tuple[int, Any]]" = queue.Queue()
         self._to_accept = 0
         self._accepting: Optional[threading.Thread] = None
@@ -170,6 +186,8 @@ class Server:
         idle = 0
         while len(self.departed) < self.workers:
             self._admit()
+            if self._to_replace:
+                self._replace_server(self._to_replace.pop(0))
             message = None
             for channel in self.channels + ([self._own] if self._own is not None else []):
                 tag = _REPLICA_TAG if channel is self._own else MPI.ANY_TAG
@@ -201,6 +219,8 @@ class Server:
             if tag == BYE_TAG:
                 self.departed.add(worker)
                 self._release_all()
+                for index in self._handed:      # it may never have reached the new one
+                    self._send_server(index, ("bye", None, worker))
             elif tag == REQUEST_TAG:
                 self._handle(worker, request)
         for request in self._sends:
@@ -228,7 +248,8 @@ class Server:
     # dead worker that the servers applied), and is waited for again.
     def _failed(self, channel: Any, exc: BaseException) -> None:
         try:
-            failed = acknowledge_failures(channel, exc)
+            failed = acknowledge_failures(channel, exc,
+                                          self._known_failed.setdefault(id(channel), set()))
         except self._mpi.Exception:
             self._lost(exc)
             return
@@ -284,18 +305,19 @@ class Server:
                 # A server died too: the servers cannot accept together.
                 self._lost(exc)
                 return
-            self._arrivals.put((worker, channel))
+            self._arrivals.put((worker, channel, "the replacement of worker"))
 
     def _admit(self) -> None:
-        """Replacements that connected (Note [replaced workers])."""
+        """Replacements that connected (Note [replaced workers]), and workers
+        that connected to this replacement server (Note [replaced servers])."""
         while not self._arrivals.empty():
-            worker, channel = self._arrivals.get()
+            worker, channel, who = self._arrivals.get()
             self.routes[worker] = (channel, 0)
             self.channels.append(channel)
             self.dead.discard(worker)
-            sys.stderr.write(f"rabit_py server {self.index}: the replacement of worker "
-                             f"{worker} connected\n")
-            sys.stderr.flush()
+            if who:
+                sys.stderr.write(f"rabit_py server {self.index}: {who} {worker} connected\n")
+                sys.stderr.flush()
 
     def _worker_of(self, channel: Any) -> int:
         for worker, (comm, _) in self.routes.items():
@@ -317,6 +339,13 @@ class Server:
             owner = request[2]
             store = self.stores.get((sid, owner))
             if store is not None and not store.serving:
+                if owner in self._handed and owner not in self.dead_servers:
+                    # Sent before the worker moved to the replacement, where
+                    # it sends this again (Note [replaced servers]); kept
+                    # in case the replacement dies before that.
+                    self._dropped.setdefault(owner, collections.deque(maxlen=4096)).append(
+                        (source, request))
+                    return
                 # The worker saw the part's server die before this server did.
                 self._server_died(owner)
             if store is None:
@@ -503,8 +532,16 @@ class Server:
         if index in self.dead_servers:
             return
         self.dead_servers.add(index)
+        self._handed.discard(index)
+        if self.link is not None:
+            # Learnt elsewhere first, the death of the job's server process
+            # is reported on the link later: not a new one by then.
+            self._known_failed.setdefault(id(self.link), set()).add(self.workers + index)
         if self._backup == index:
             self._backup = None
+        if self._port and self._own is not None and all(
+                store.replicated for key, store in self.stores.items() if key[1] == self.index):
+            self._to_replace.append(index)      # Note [replaced servers]
         promoted = [key for key, store in self.stores.items()
                     if key[1] == index and not store.serving]
         for key in promoted:
@@ -513,9 +550,15 @@ class Server:
                          + (f"serving its parts of {len(promoted)} store(s) from the replica "
                             f"here\n" if promoted else "no replica of its parts here\n"))
         sys.stderr.flush()
+        for source, request in self._dropped.pop(index, ()):
+            self._handle(source, request)   # answered twice at worst: the worker keeps one
 
     def _replica_message(self, message: tuple) -> None:
         kind, sid = message[0], message[1]
+        if kind == "bye":                   # Note [replaced servers]
+            self.departed.add(message[2])
+            self._release_all()
+            return
         store = self.stores.get((sid, (self.index - 1) % self.servers))
         if store is None:
             return
@@ -525,6 +568,134 @@ class Server:
         else:
             _, _, key, part, grad, worker, index = message
             self._push(store, sid, key, part, grad, worker, index)
+
+    # ------------------------------------------------------------ replacing a server
+    # Note [replaced servers]
+    # A dead server is replaced by a new process when every store keeps
+    # replicas (its parts then live on in the copy its next server holds)
+    # and the job has MPI fault tolerance. Each surviving server, once it
+    # learned of the death, (1) shrinks the servers' own communicator and,
+    # collectively, spawns the new process and merges it in, ranked by
+    # server index (``spawn_server`` in ``_servers.py``); (2) sends it a
+    # handover: the server that served the copy (the next one) sends the
+    # dead server's parts (values, clocks, optimizer state) and stops
+    # serving them -- from then its copy is the replica again, kept by the
+    # new server's pushes -- and the server before the dead one sends its
+    # own parts, of which the new server keeps the copy from then on; (3)
+    # the next server, the *relay*, gets a port per live worker from the new
+    # server and sends each worker its own (``MOVED_TAG``); each worker
+    # connects, says which it is, and sends the new server what it may have
+    # lost on the way: its pulls not answered and its pushes of those parts
+    # not seen applied (numbered, so none counts twice). Requests for the
+    # parts that reach the relay after the handover are dropped there: the
+    # worker sends them again to the new server. The relay also forwards
+    # each worker's goodbye (a worker may end before it connected). The new
+    # server takes part in accepting replacement workers like the others,
+    # but a replacement worker still connects to the port of the first
+    # server: after server 0's death none can (the job ends, a restart
+    # runs it again). A second failure during the replacement (its spawn,
+    # its handover) is not replaced: the job goes on without the new
+    # process where it can, as after a failover.
+    def _replace_server(self, index: int) -> None:
+        """Note [replaced servers], on a surviving server."""
+        MPI = self._mpi
+        started = time.perf_counter()
+        try:
+            own = spawn_server(self._own.Shrink(), index, self.index)
+        except MPI.Exception as exc:
+            sys.stderr.write(f"rabit_py server {self.index}: could not start a new server in "
+                             f"place of server {index} ({exc}); going on without it\n")
+            sys.stderr.flush()
+            return
+        self._own = own
+        self.dead_servers.discard(index)
+        relay = (index + 1) % self.servers == self.index
+        handover: Dict[str, Any] = {"parts": [], "copies": [], "departed": sorted(self.departed),
+                                    "dead": sorted(self.dead), "config": self.config,
+                                    "workers": self.workers, "ft": bool(self._port)}
+        for (sid, owner), store in self.stores.items():
+            if owner == index and store.serving:
+                handover["parts"].append((sid, _snapshot(store)))
+                store.serving = False           # the replica again
+                store.waiting.clear()           # the workers ask the new server
+                store.early.clear()
+            elif owner == self.index and store.replicated and \
+                    (self.index + 1) % self.servers == index:
+                handover["copies"].append((sid, _snapshot(store)))
+        if (self.index + 1) % self.servers == index:
+            self._backup = index
+        try:
+            own.send(handover, dest=index, tag=_JOIN_TAG)
+            if relay:
+                ports = own.recv(source=index, tag=_JOIN_TAG)
+        except MPI.Exception as exc:
+            sys.stderr.write(f"rabit_py server {self.index}: the new server {index} failed "
+                             f"while joining ({exc})\n")
+            sys.stderr.flush()
+            return
+        self._handed.add(index)
+        if relay:
+            for worker, port in sorted(ports.items()):
+                route = self.routes.get(worker)
+                if route is not None:
+                    try:
+                        self._sends.append(route[0].isend((index, port), dest=route[1],
+                                                          tag=MOVED_TAG))
+                    except MPI.Exception:
+                        pass                # it died: its replacement asks the servers
+            sys.stderr.write(f"rabit_py server {self.index}: a new process took the place of "
+                             f"server {index} ({time.perf_counter() - started:.2f} s); its "
+                             f"parts of {len(handover['parts'])} store(s) moved there\n")
+            sys.stderr.flush()
+
+    def _send_server(self, index: int, message: tuple) -> None:
+        try:
+            self._sends.append(self._own.isend(message, dest=index, tag=_REPLICA_TAG))
+        except self._mpi.Exception:
+            pass                            # it died: the probe of the servers' comm says so
+
+    def adopt(self, handovers: List[Dict[str, Any]]) -> Dict[int, str]:
+        """A replacement server's start (Note [replaced servers]): take the
+        parts and copies the survivors sent, open a port for each live
+        worker and accept their connections in a thread. Returns the ports
+        (for the relay)."""
+        MPI = self._mpi
+        for handover in handovers:
+            self.departed.update(handover["departed"])
+            self.dead.update(handover["dead"])
+            for sid, shard in handover["parts"]:
+                self.stores[(sid, self.index)] = _restore(shard, serving=True)
+            for sid, shard in handover["copies"]:
+                owner = (self.index - 1) % self.servers
+                self.stores[(sid, owner)] = _restore(shard, serving=False)
+        for store in self.stores.values():
+            if store.updater_blob is not None:
+                blob, store.updater_blob = store.updater_blob, None
+                self._set_updater(store, blob)
+        live = [w for w in range(self.workers) if w not in self.departed and w not in self.dead]
+        ports = {worker: MPI.Open_port() for worker in live}
+        threading.Thread(target=self._accept_workers, args=(ports,),
+                         name="rabit_py-server-join", daemon=True).start()
+        return ports
+
+    def _accept_workers(self, ports: Dict[int, str]) -> None:
+        MPI = self._mpi
+        for worker, port in sorted(ports.items()):
+            try:
+                channel = MPI.COMM_SELF.Accept(port, root=0)
+                channel.Set_errhandler(MPI.ERRORS_RETURN)
+                said = channel.recv(source=0, tag=HELLO_TAG)
+            except MPI.Exception as exc:
+                sys.stderr.write(f"rabit_py server {self.index}: worker {worker} could not "
+                                 f"connect ({exc})\n")
+                sys.stderr.flush()
+                continue
+            finally:
+                try:
+                    MPI.Close_port(port)
+                except MPI.Exception:
+                    pass
+            self._arrivals.put((said, channel, ""))
 
     # ------------------------------------------------------------ checkpoints
     def _open(self, sid: Any, staleness: Optional[int], workers: int, every: int,
@@ -650,6 +821,28 @@ class _Refused(Exception):
 
 
 _REPLICA_TAG = 3                    # on the servers' own communicator
+_JOIN_TAG = 4                       # the same: a new server's handover and ports
+_SNAPSHOT_FIELDS = ("staleness", "workers", "owner", "every", "path", "since", "applied",
+                    "updater_blob", "closed", "values", "clocks", "error")
+
+
+def _snapshot(store: _Store) -> Dict[str, Any]:
+    """What a new server needs of a store's parts (Note [replaced servers])."""
+    shard = {name: getattr(store, name) for name in _SNAPSHOT_FIELDS}
+    shard["replicated"] = True
+    shard["states"] = store.updater.get_states() if hasattr(store.updater, "get_states") \
+        else store.restored_states
+    return shard
+
+
+def _restore(shard: Dict[str, Any], serving: bool) -> _Store:
+    store = _Store(shard["staleness"], shard["workers"], owner=shard["owner"])
+    for name in _SNAPSHOT_FIELDS:
+        setattr(store, name, shard[name])
+    store.replicated = shard["replicated"] and serving
+    store.serving = serving
+    store.restored_states = shard["states"]
+    return store
 BEAT_S = 1.0                        # between two heartbeats
 
 
@@ -669,22 +862,27 @@ def _beat(server: Server, served: threading.Event) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     """Run one server process (the job's last ``RABIT_SERVERS`` processes)."""
     config = Config.from_env()
-    if config.servers < 1:
+    args = list(sys.argv[1:] if argv is None else argv)
+    replaces = int(args[1]) if args[:1] == ["--replaces"] and len(args) == 2 else None
+    if config.servers < 1 and replaces is None:
         sys.stderr.write("rabit_py.kvstore.server: RABIT_SERVERS is not set: start servers with "
                          "rabit-run -n W --servers S, or mpirun -x RABIT_SERVERS=S -n W python "
                          "train.py : -n S python -m rabit_py.kvstore.server\n")
         return 2
     from mpi4py import MPI
 
-    own, link, port = split_world(MPI.COMM_WORLD, config.servers, SERVER)
-    own.Set_errhandler(MPI.ERRORS_RETURN)
-    ft = os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower() in ("1", "true", "yes",
-                                                                          "on", "enabled")
-    server = Server(link, link.Get_size() - config.servers, own.Get_rank(), config, own,
-                    port if ft else "")
+    if replaces is not None:                # its settings come with the handover
+        server = _replacement(replaces)
+    else:
+        own, link, port = split_world(MPI.COMM_WORLD, config.servers, SERVER)
+        own.Set_errhandler(MPI.ERRORS_RETURN)
+        ft = os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower() in (
+            "1", "true", "yes", "on", "enabled")
+        server = Server(link, link.Get_size() - config.servers, own.Get_rank(), config, own,
+                        port if ft else "")
     # rabit-run reads these (Note [status folder] in rabit_py/_status.py):
     # a server that ended its loop and then waits in MPI_Finalize is said so.
-    server.reporter = Reporter(config.run_status_dir, f"server-{server.index}")
+    server.reporter = Reporter(server.config.run_status_dir, f"server-{server.index}")
     server.reporter.started()
     served = threading.Event()
     threading.Thread(target=_beat, args=(server, served), name="rabit_py-server-beat",
@@ -692,9 +890,28 @@ def main(argv: Optional[List[str]] = None) -> int:
     server.run()
     served.set()
     server.reporter.exited(True)
-    if config.log_level.upper() == "DEBUG":
+    if server.config.log_level.upper() == "DEBUG":
         sys.stderr.write(f"rabit_py server {server.index}: handled {server.handled}\n")
     return 0
+
+
+def _replacement(index: int) -> Server:
+    """A server spawned in place of dead server ``index`` (Note [replaced
+    servers]): join the survivors, take the handover, give the relay the
+    workers' ports."""
+    from mpi4py import MPI
+
+    own = join_servers(index)
+    servers = own.Get_size()
+    handovers = [own.recv(source=MPI.ANY_SOURCE, tag=_JOIN_TAG) for _ in range(servers - 1)]
+    first = handovers[0]
+    # A replacement worker's connection is accepted by all servers together
+    # on the first server's port; only there does the name matter.
+    port = (MPI.Open_port() if index == 0 else "-") if first["ft"] else ""
+    server = Server(None, first["workers"], index, first["config"], own, port, servers)
+    ports = server.adopt(handovers)
+    own.send(ports, dest=(index + 1) % servers, tag=_JOIN_TAG)
+    return server
 
 
 if __name__ == "__main__":

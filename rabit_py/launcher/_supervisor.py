@@ -93,7 +93,7 @@ switch to skip that fence (``ompi_async_mpi_finalize`` is not a setting).
 The job's work is done: every rank finalized and wrote its exit report, which
 rabit_py does just before MPI_Finalize. Rule (c) ends such a job after
 ``EXIT_GRACE_S`` (``SPAWNED_EXIT_GRACE_S`` once a process replaced a dead
-rank: then the hang is common) with exit status 0, and says which processes were left and
+rank or server: then the hang is common) with exit status 0, and says which processes were left and
 whether they had ended rabit_py (then the hang is MPI's) or not (a process of
 ours that did not end, e.g. a spare never released: that is a bug of ours).
 
@@ -520,6 +520,10 @@ class _Watch:
         self.replaced = 0
         self.frozen_since: Dict[int, float] = {}     # rule (e): pid -> stopped since
         self.servers_frozen_since: Dict[int, float] = {}     # rule (g), the same
+        #: each server's first process, and whether one was replaced by a
+        #: spawned process (Note [teardown hang])
+        self.server_pids: Dict[str, int] = {}
+        self.server_spawned = False
         self.overdue_seen: Set[Tuple[str, float]] = set()   # rule (f): the requests acted on
         self.hung_killed: Set[int] = set()          # rule (f): the processes killed
         self.silenced: Set[Tuple[str, int]] = set()  # rule (e), other hosts: (name, last beat)
@@ -559,7 +563,8 @@ class _Watch:
         clean = sum(1 for r in ranks.values() if r.ok and r.failed is None)
         if clean >= self.attempt.ranks:
             self.finalized_since = self.finalized_since or now
-            grace = SPAWNED_EXIT_GRACE_S if self.replaced else EXIT_GRACE_S
+            grace = SPAWNED_EXIT_GRACE_S if self.replaced or self.server_spawned else \
+                EXIT_GRACE_S
             if now - self.finalized_since > grace:
                 return teardown_message(reports, processes, grace)
         else:
@@ -658,6 +663,8 @@ class _Watch:
             if not name.startswith("server-") or report.ok or report.started_by is None:
                 continue
             pid, host = report.started_by
+            if self.server_pids.setdefault(name, pid) != pid:
+                self.server_spawned = True
             who, then = name.replace("-", " "), ("so that its replica serves its parts (or "
                                                  "the job restarts)")
             if host != self.attempt._host:

@@ -52,3 +52,36 @@ def test_a_restarted_worker_resumes_at_the_oldest_part_and_skips_what_parts_hold
     assert not small.holds(0) and not big.holds(0) and not big.holds(1)
     fresh = _Entry(np.zeros(3), partition("x", 3, 2, 64))
     assert resume_clock([fresh]) == 0 and resume_clock([]) == 0 and not fresh.holds(0)
+
+
+def test_a_snapshot_gives_a_new_server_the_parts_and_the_optimizer_state():
+    # Note [replaced servers] in server.py: the handover carries values,
+    # clocks and each key's optimizer state (Adam's moments, its step
+    # count), so the new server's next step is the one the old would take.
+    import pickle
+
+    import numpy as np
+
+    from rabit_py.kvstore.optimizer import Adam, get_updater
+    from rabit_py.kvstore.server import _restore, _snapshot, _Store
+
+    blob = pickle.dumps(get_updater(Adam(learning_rate=0.1)))
+    old = _Store(staleness=2, workers=3, owner=1)
+    old.updater, old.updater_blob = pickle.loads(blob), blob
+    old.values[("w", 0)] = np.zeros(4, dtype=np.float32)
+    old.clocks[("w", 0)] = np.array([5, 4, 5])
+    for step in range(5):
+        old.updater("w", np.full(4, step + 1.0, dtype=np.float32), old.values[("w", 0)])
+    shard = pickle.loads(pickle.dumps(_snapshot(old)))     # as it travels
+    new = _restore(shard, serving=True)
+    assert (new.owner, new.staleness, new.workers, new.serving, new.replicated) == \
+        (1, 2, 3, True, True)
+    assert new.clocks[("w", 0)].tolist() == [5, 4, 5]
+    assert _restore(shard, serving=False).replicated is False     # a copy keeps no copy
+    new.updater = pickle.loads(new.updater_blob)
+    new.updater.set_states(new.restored_states)
+    grad = np.full(4, 0.5, dtype=np.float32)
+    old.updater("w", grad, old.values[("w", 0)])
+    new.updater("w", grad, new.values[("w", 0)])
+    assert new.values[("w", 0)].tobytes() == old.values[("w", 0)].tobytes()
+    assert new.values[("w", 0)] is not old.values[("w", 0)]
