@@ -133,11 +133,13 @@ class Server:
         servers: the number of servers (default: the link's ranks after the
             workers'); a replacement server has no link (None): each worker
             connects to it (Note [replaced servers]).
+        accept_own: a duplicate of ``own`` for accepting replacement workers
+            (default: made here, collectively over ``own``).
     """
 
     def __init__(self, link: Any, workers: int, index: int,
                  config: Optional[Config] = None, own: Any = None, port: str = "",
-                 servers: Optional[int] = None) -> None:
+                 servers: Optional[int] = None, accept_own: Any = None) -> None:
         from mpi4py import MPI
 
         self._mpi = MPI
@@ -170,8 +172,17 @@ class Server:
         self._handed: set = set()
         self._arrivals: "queue.Queue[Tuple[int, Any]]" = queue.Queue()
         self._to_accept = 0
+        #: replacement workers not accepted yet (one may be under way)
+        self._unaccepted = 0
         self._accepting: Optional[threading.Thread] = None
         self._accept_lock = threading.Condition()
+        #: where the servers accept replacement workers together: a copy of
+        #: ``own`` (two threads must not share a communicator's collectives)
+        self._accept_own = accept_own if accept_own is not None else (
+            own.Dup() if own is not None else None)
+        #: Note [replaced servers]: server 0, whose port replacement workers
+        #: connect to, was replaced: none can connect any more
+        self._port_lost = False
         self._sends: List[Any] = []
         #: where rabit-run learns how this server does (None: nowhere)
         self.reporter: Optional[Reporter] = None
@@ -266,8 +277,15 @@ class Server:
         else:
             lost = [self._worker_of(channel)]
             self.channels.remove(channel)
+        self._workers_died(lost, exc)
+
+    def _workers_died(self, lost: List[int], exc: BaseException) -> None:
+        """Workers ``lost`` died: set them aside and expect their
+        replacements (Note [replaced workers])."""
         if lost and not self._port:
             self._lost(exc)                 # no replacement can come (no fault tolerance)
+        if lost and self._port_lost:
+            self._lost(None, _NO_PORT.format(workers=sorted(lost)))
         for worker in lost:
             self.dead.add(worker)
             self.routes.pop(worker, None)
@@ -279,32 +297,50 @@ class Server:
                              f"serving the others and waiting for the replacement(s)\n")
             sys.stderr.flush()
             self._release_all()
-            with self._accept_lock:
-                self._to_accept += len(lost)
-                self._accept_lock.notify()
-            if self._accepting is None:
-                self._accepting = threading.Thread(target=self._accept_replacements,
-                                                   name="rabit_py-server-accept", daemon=True)
-                self._accepting.start()
+            self._expect_replacements(len(lost))
+            for index in self._handed:
+                # A new server sees only the workers that connected to it.
+                self._send_server(index, ("dead", None, lost))
+
+    def _expect_replacements(self, count: int) -> None:
+        """``count`` more replacement workers to accept (in a thread)."""
+        with self._accept_lock:
+            self._to_accept += count
+            self._unaccepted += count
+            self._accept_lock.notify_all()
+        if self._accepting is None:
+            self._accepting = threading.Thread(target=self._accept_replacements,
+                                               name="rabit_py-server-accept", daemon=True)
+            self._accepting.start()
 
     def _accept_replacements(self) -> None:
         """A thread: accept each replacement's connection (collective over
-        the servers) and hand it to the loop."""
-        from .._servers import HELLO_TAG
-
+        the servers, on a communicator of their own: the loop's shrink and
+        spawn use ``_own`` meanwhile) and hand it to the loop. If a server
+        died, the servers accept again once its replacement is in (Note
+        [replaced servers])."""
         while True:
             with self._accept_lock:
                 while self._to_accept == 0:
                     self._accept_lock.wait()
                 self._to_accept -= 1
-            try:
-                channel = self._own.Accept(self._port, root=0)
-                channel.Set_errhandler(self._mpi.ERRORS_RETURN)
-                worker = channel.recv(source=0, tag=HELLO_TAG)
-            except self._mpi.Exception as exc:
-                # A server died too: the servers cannot accept together.
-                self._lost(exc)
-                return
+            while True:
+                comm = self._accept_own
+                try:
+                    channel = comm.Accept(self._port, root=0)
+                    channel.Set_errhandler(self._mpi.ERRORS_RETURN)
+                    worker = channel.recv(source=0, tag=HELLO_TAG)
+                    break
+                except self._mpi.Exception as exc:
+                    with self._accept_lock:
+                        self._accept_lock.wait_for(lambda: self._accept_own is not comm,
+                                                   timeout=_NEW_SERVER_WAIT_S)
+                        again = self._accept_own is not comm and not self._port_lost
+                    if not again:
+                        self._lost(exc)     # no new server to accept with
+                        return
+            with self._accept_lock:
+                self._unaccepted -= 1
             self._arrivals.put((worker, channel, "the replacement of worker"))
 
     def _admit(self) -> None:
@@ -559,6 +595,11 @@ class Server:
             self.departed.add(message[2])
             self._release_all()
             return
+        if kind == "dead":                  # the same: those not connected here
+            unseen = [w for w in message[2] if w not in self.routes and w not in self.dead
+                      and w not in self.departed]
+            self._workers_died(unseen, RuntimeError(f"worker(s) {unseen} died"))
+            return
         store = self.stores.get((sid, (self.index - 1) % self.servers))
         if store is None:
             return
@@ -600,19 +641,30 @@ class Server:
         """Note [replaced servers], on a surviving server."""
         MPI = self._mpi
         started = time.perf_counter()
+        with self._accept_lock:
+            unaccepted = self._unaccepted
+        if index == 0 and (unaccepted or self.dead):
+            self._lost(None, _NO_PORT.format(workers=sorted(self.dead)))
         try:
             own = spawn_server(self._own.Shrink(), index, self.index)
+            accept_own = own.Dup()
         except MPI.Exception as exc:
             sys.stderr.write(f"rabit_py server {self.index}: could not start a new server in "
                              f"place of server {index} ({exc}); going on without it\n")
             sys.stderr.flush()
             return
-        self._own = own
-        self.dead_servers.discard(index)
         relay = (index + 1) % self.servers == self.index
+        with self._accept_lock:
+            self._own, self._accept_own = own, accept_own
+            self._port_lost = self._port_lost or index == 0
+            unaccepted = self._unaccepted
+            self._accept_lock.notify_all()
+        self.dead_servers.discard(index)
         handover: Dict[str, Any] = {"parts": [], "copies": [], "departed": sorted(self.departed),
                                     "dead": sorted(self.dead), "config": self.config,
-                                    "workers": self.workers, "ft": bool(self._port)}
+                                    "workers": self.workers, "ft": bool(self._port),
+                                    "relay": relay, "unaccepted": unaccepted,
+                                    "port_lost": self._port_lost}
         for (sid, owner), store in self.stores.items():
             if owner == index and store.serving:
                 handover["parts"].append((sid, _snapshot(store)))
@@ -674,28 +726,31 @@ class Server:
                 self._set_updater(store, blob)
         live = [w for w in range(self.workers) if w not in self.departed and w not in self.dead]
         ports = {worker: MPI.Open_port() for worker in live}
-        threading.Thread(target=self._accept_workers, args=(ports,),
-                         name="rabit_py-server-join", daemon=True).start()
+        # One thread per worker, each on a communicator of its own: a worker
+        # that died unseen never connects, and must not hold the others.
+        for worker, port in ports.items():
+            threading.Thread(target=self._accept_worker,
+                             args=(worker, port, MPI.COMM_SELF.Dup()),
+                             name=f"rabit_py-server-join-{worker}", daemon=True).start()
         return ports
 
-    def _accept_workers(self, ports: Dict[int, str]) -> None:
+    def _accept_worker(self, worker: int, port: str, comm: Any) -> None:
         MPI = self._mpi
-        for worker, port in sorted(ports.items()):
+        try:
+            channel = comm.Accept(port, root=0)
+            channel.Set_errhandler(MPI.ERRORS_RETURN)
+            said = channel.recv(source=0, tag=HELLO_TAG)
+        except MPI.Exception as exc:
+            sys.stderr.write(f"rabit_py server {self.index}: worker {worker} could not "
+                             f"connect ({exc})\n")
+            sys.stderr.flush()
+            return
+        finally:
             try:
-                channel = MPI.COMM_SELF.Accept(port, root=0)
-                channel.Set_errhandler(MPI.ERRORS_RETURN)
-                said = channel.recv(source=0, tag=HELLO_TAG)
-            except MPI.Exception as exc:
-                sys.stderr.write(f"rabit_py server {self.index}: worker {worker} could not "
-                                 f"connect ({exc})\n")
-                sys.stderr.flush()
-                continue
-            finally:
-                try:
-                    MPI.Close_port(port)
-                except MPI.Exception:
-                    pass
-            self._arrivals.put((said, channel, ""))
+                MPI.Close_port(port)
+            except MPI.Exception:
+                pass
+        self._arrivals.put((said, channel, ""))
 
     # ------------------------------------------------------------ checkpoints
     def _open(self, sid: Any, staleness: Optional[int], workers: int, every: int,
@@ -804,10 +859,11 @@ class Server:
         if self._sends:
             self._sends = unfinished(self._sends, self._mpi.Exception)
 
-    def _lost(self, exc: BaseException) -> None:
-        message = (f"rabit_py server {self.index}: a process of the job failed ({exc}) that "
-                   f"cannot be replaced in the job (a server, whose parts are lost, or a job "
-                   f"without MPI fault tolerance): the job ends here (rabit-run "
+    def _lost(self, exc: Optional[BaseException], why: str = "") -> None:
+        what = why or (f"a process of the job failed ({exc}) that cannot be replaced in the "
+                       f"job (a server, whose parts are lost, or a job without MPI fault "
+                       f"tolerance)")
+        message = (f"rabit_py server {self.index}: {what}: the job ends here (rabit-run "
                    f"--max-restarts starts it again, from the shard checkpoints)")
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
@@ -822,6 +878,10 @@ class _Refused(Exception):
 
 _REPLICA_TAG = 3                    # on the servers' own communicator
 _JOIN_TAG = 4                       # the same: a new server's handover and ports
+_NEW_SERVER_WAIT_S = 60.0           # an accept that failed: wait this long for a new server
+_NO_PORT = ("server 0 died, and worker(s) {workers} with or after it: a replacement worker "
+            "connects to the servers on server 0's port, which died with it (Note [replaced "
+            "servers])")
 _SNAPSHOT_FIELDS = ("staleness", "workers", "owner", "every", "path", "since", "applied",
                     "updater_blob", "closed", "values", "clocks", "error")
 
@@ -901,16 +961,31 @@ def _replacement(index: int) -> Server:
     workers' ports."""
     from mpi4py import MPI
 
-    own = join_servers(index)
-    servers = own.Get_size()
-    handovers = [own.recv(source=MPI.ANY_SOURCE, tag=_JOIN_TAG) for _ in range(servers - 1)]
-    first = handovers[0]
+    try:
+        own = join_servers(index)
+        accept_own = own.Dup()
+        servers = own.Get_size()
+        handovers = [own.recv(source=MPI.ANY_SOURCE, tag=_JOIN_TAG)
+                     for _ in range(servers - 1)]
+    except MPI.Exception as exc:
+        # Another failure during the join: the survivors go on without this
+        # process, or the job ends (they say why).
+        sys.stderr.write(f"rabit_py server {index} (new process): could not join the other "
+                         f"servers ({exc}); ending\n")
+        sys.stderr.flush()
+        os._exit(1)
+    relay = next(h for h in handovers if h["relay"])
     # A replacement worker's connection is accepted by all servers together
-    # on the first server's port; only there does the name matter.
-    port = (MPI.Open_port() if index == 0 else "-") if first["ft"] else ""
-    server = Server(None, first["workers"], index, first["config"], own, port, servers)
+    # on the first server's port; only there does the name matter (a new
+    # server 0's is known to no worker: _port_lost).
+    port = (MPI.Open_port() if index == 0 else "-") if relay["ft"] else ""
+    server = Server(None, relay["workers"], index, relay["config"], own, port, servers,
+                    accept_own)
+    server._port_lost = index == 0 or any(h.get("port_lost") for h in handovers)
     ports = server.adopt(handovers)
     own.send(ports, dest=(index + 1) % servers, tag=_JOIN_TAG)
+    if relay["unaccepted"]:
+        server._expect_replacements(relay["unaccepted"])
     return server
 
 

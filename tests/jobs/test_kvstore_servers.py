@@ -339,3 +339,48 @@ def test_a_frozen_server_is_killed_by_rabit_run(tmp_path, replicas):
     for result in results(tmp_path, WORKERS):
         assert result["small"] == [float(steps * sum(r + 1 for r in range(WORKERS)))] * 5
         assert result["big"] == [float(steps * WORKERS)] * 200
+
+
+@pytest.mark.parametrize("server", [1, 0])
+def test_a_worker_and_a_server_killed_together(tmp_path, server):
+    # A burst: worker 1 and a server SIGKILLed at once. Server 1: its
+    # replacement comes in (Note [replaced servers]), learns of the dead
+    # worker from the next server and takes part in accepting the worker's
+    # replacement: all in the job. Server 0: a replacement worker connects
+    # on server 0's port, which died with it: the job ends, saying so, and
+    # the restart resumes from the shard checkpoints. Exact sums either way.
+    from rabit_py.launcher._processes import descendants
+
+    killed = []
+    steps = 200
+    ready = {}
+
+    def on_line(line):
+        words = line.split()
+        if len(words) >= 5 and words[0] == "ready" and words[4] == "0" and not killed:
+            ready[int(words[1])] = int(words[2])
+        if len(ready) == WORKERS and not killed:
+            servers = sorted(p for p in descendants(os.getpid())
+                             if _cmdline(p)[1:3] == [b"-m", b"rabit_py.kvstore.server"])
+            killed.extend([ready[1], servers[server]])      # the servers start in order
+            threading.Timer(0.5, lambda: [os.kill(p, signal.SIGKILL) for p in killed]).start()
+
+    code, text = run(servers_job(WORKERS, 2, "resume", "--mode", "dist_ssp", "--staleness", "1",
+                                 "--iterations", str(steps), "--pace", "0.02", "--replicas", "1",
+                                 "--checkpoint-every", "4", "--out", str(tmp_path),
+                                 restarts=1, checkpoint_dir=tmp_path / "ck"),
+                     timeout=240, on_line=on_line)
+    assert killed and code == 0, text[-6000:]
+    if server == 1:
+        assert "restart 1 of" not in text, text[-6000:]
+        assert "a new process took the place of server 1" in text, text[-6000:]
+        for index in (0, 1):
+            assert f"server {index}: the replacement of worker 1 connected" in text, text[-6000:]
+    else:
+        assert "restart 1 of 1" in text, text[-6000:]
+        assert re.search(r"server 1: server 0 died, and worker\(s\) \[1\] with or after it: a "
+                         r"replacement worker connects to the servers on server 0's port", text), \
+            text[-6000:]
+    for result in results(tmp_path, WORKERS):
+        assert result["small"] == [float(steps * sum(r + 1 for r in range(WORKERS)))] * 5
+        assert result["big"] == [float(steps * WORKERS)] * 200
