@@ -627,16 +627,29 @@ class Server:
     # server and sends each worker its own (``MOVED_TAG``); each worker
     # connects, says which it is, and sends the new server what it may have
     # lost on the way: its pulls not answered and its pushes of those parts
-    # not seen applied (numbered, so none counts twice). Requests for the
-    # parts that reach the relay after the handover are dropped there: the
-    # worker sends them again to the new server. The relay also forwards
-    # each worker's goodbye (a worker may end before it connected). The new
-    # server takes part in accepting replacement workers like the others,
-    # but a replacement worker still connects to the port of the first
-    # server: after server 0's death none can (the job ends, a restart
-    # runs it again). A second failure during the replacement (its spawn,
-    # its handover) is not replaced: the job goes on without the new
-    # process where it can, as after a failover.
+    # not seen applied (numbered, so none counts twice). The new server
+    # accepts each worker in a thread of its own: a worker that died unseen
+    # never connects and holds no other. Requests for the parts that reach
+    # the relay after the handover are dropped there (the worker sends them
+    # again to the new server; kept, and served, should the new server die
+    # first). MPI reports a communicator's old failures with each new one,
+    # so each server acts on a failed rank once (``acknowledge_failures``'s
+    # ``known``).
+    #
+    # The new server sees only the workers that connected to it: the relay
+    # forwards each worker's goodbye and each worker death it sees. Workers
+    # dead and not yet replaced when a server dies (a burst) are accepted
+    # by the servers together once the new server is in: the accepting
+    # runs in a thread on a duplicate of the servers' communicator (the
+    # loop shrinks and spawns on the other meanwhile), and an accept that
+    # failed because a server died is made again on the new communicator;
+    # the handover says how many accepts are due. A replacement worker
+    # connects to the port of server 0, known to every worker from the
+    # job's start: when server 0 dies, the port dies with it, so a worker
+    # that dies with or after it ends the job, which says why (a restart
+    # resumes from the shard checkpoints). A second failure during the
+    # replacement (its spawn, its handover) is not replaced: the job goes
+    # on without the new process where it can, as after a failover.
     def _replace_server(self, index: int) -> None:
         """Note [replaced servers], on a surviving server."""
         MPI = self._mpi
