@@ -893,8 +893,8 @@ _REPLICA_TAG = 3                    # on the servers' own communicator
 _JOIN_TAG = 4                       # the same: a new server's handover and ports
 _NEW_SERVER_WAIT_S = 60.0           # an accept that failed: wait this long for a new server
 _NO_PORT = ("server 0 died, and worker(s) {workers} with or after it: a replacement worker "
-            "connects to the servers on server 0's port, which died with it (Note [replaced "
-            "servers])")
+            "connects to the servers on server 0's port, which died with it "
+            "(Note [replaced servers])")
 _SNAPSHOT_FIELDS = ("staleness", "workers", "owner", "every", "path", "since", "applied",
                     "updater_blob", "closed", "values", "clocks", "error")
 

@@ -213,9 +213,13 @@ def test_ctrl_c_reaps_the_whole_job(tmp_path):
 
 
 @pytest.mark.parametrize("finalized,expected", [(True, 0), (False, 1)])
-def test_lingering_mpirun_is_stopped(tmp_path, finalized, expected):
+def test_lingering_mpirun_is_stopped(tmp_path, finalized, expected, monkeypatch):
     # A stand-in for an mpirun that stays after its ranks ended (Open MPI
     # can, after recoveries): its "ranks" are two short-lived children.
+    # (The waits shortened: the rule, not its constant, is tested.)
+    from rabit_py.launcher import _supervisor
+
+    monkeypatch.setattr(_supervisor, "LINGER_S", 1.0)
     mark = 'touch "$RABIT_RUN_STATUS_DIR/rank-$1.ok"' if finalized else "true"
     fake = tmp_path / "mpirun"
     fake.write_text("#!/bin/sh\n"
@@ -245,9 +249,12 @@ def test_a_launch_that_never_started_is_tried_again(tmp_path, capsys):
     assert count.read_text().count("x") == 3
 
 
-def test_mpirun_that_does_not_reap_its_ranks_is_stopped(tmp_path):
+def test_mpirun_that_does_not_reap_its_ranks_is_stopped(tmp_path, monkeypatch):
     # After an abort under ULFM: the ranks ended, mpirun hangs without
     # reaping them, so they stay as zombies -- which are not running ranks.
+    from rabit_py.launcher import _supervisor
+
+    monkeypatch.setattr(_supervisor, "LINGER_S", 1.0)
     fake = tmp_path / "mpirun"
     fake.write_text("#!/bin/sh\n(sleep 0.5) &\n(sleep 0.5) &\nexec sleep 300\n")
     fake.chmod(0o755)
@@ -272,14 +279,19 @@ def test_job_that_finalized_but_does_not_exit_is_stopped(tmp_path, monkeypatch):
     assert 2 <= time.monotonic() - start < 20
 
 
-def test_work_after_finalize_is_not_cut_short():
-    # Ranks that finalize, then keep working (e.g. saving results) must not be
-    # taken for a job stuck at teardown.
+def test_work_after_finalize_is_not_cut_short(monkeypatch, capfd):
+    # Ranks that finalize, then keep working (e.g. saving results) past the
+    # teardown grace (shortened here) must not be taken for a job stuck at
+    # teardown.
+    from rabit_py.launcher import _supervisor
+
+    monkeypatch.setattr(_supervisor, "EXIT_GRACE_S", 2.0)
     program = ("import time, rabit_py as r; r.init(); r.finalize(); r.init(); r.finalize(); "
-               "time.sleep(13); print('saved', flush=True)")
-    code, out = run(rabit_run(2, sys.executable, "-c", program), timeout=120)
+               "time.sleep(4); print('saved', flush=True)")
+    code = launcher.main(["-n", "2", "--", sys.executable, "-c", program])
+    out = "".join(capfd.readouterr())
     assert code == 0, out
-    assert out.count("saved") == 2 and "stopping it" not in out
+    assert out.count("saved") == 2 and "stopping" not in out, out
 
 
 def test_an_abort_that_blocks_still_ends_the_rank(tmp_path):
