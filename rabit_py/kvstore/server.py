@@ -316,29 +316,21 @@ class Server:
     def _accept_replacements(self) -> None:
         """A thread: accept each replacement's connection (collective over
         the servers, on a communicator of their own: the loop's shrink and
-        spawn use ``_own`` meanwhile) and hand it to the loop. If a server
-        died, the servers accept again once its replacement is in (Note
-        [replaced servers])."""
+        spawn use ``_own`` meanwhile) and hand it to the loop."""
         while True:
             with self._accept_lock:
                 while self._to_accept == 0:
                     self._accept_lock.wait()
                 self._to_accept -= 1
-            while True:
                 comm = self._accept_own
-                try:
-                    channel = comm.Accept(self._port, root=0)
-                    channel.Set_errhandler(self._mpi.ERRORS_RETURN)
-                    worker = channel.recv(source=0, tag=HELLO_TAG)
-                    break
-                except self._mpi.Exception as exc:
-                    with self._accept_lock:
-                        self._accept_lock.wait_for(lambda: self._accept_own is not comm,
-                                                   timeout=_NEW_SERVER_WAIT_S)
-                        again = self._accept_own is not comm and not self._port_lost
-                    if not again:
-                        self._lost(exc)     # no new server to accept with
-                        return
+            try:
+                channel = comm.Accept(self._port, root=0)
+                channel.Set_errhandler(self._mpi.ERRORS_RETURN)
+                worker = channel.recv(source=0, tag=HELLO_TAG)
+            except self._mpi.Exception as exc:
+                # A server died too: the servers cannot accept together.
+                self._lost(exc)
+                return
             with self._accept_lock:
                 self._unaccepted -= 1
             self._arrivals.put((worker, channel, "the replacement of worker"))
@@ -637,19 +629,19 @@ class Server:
     # ``known``).
     #
     # The new server sees only the workers that connected to it: the relay
-    # forwards each worker's goodbye and each worker death it sees. Workers
-    # dead and not yet replaced when a server dies (a burst) are accepted
-    # by the servers together once the new server is in: the accepting
-    # runs in a thread on a duplicate of the servers' communicator (the
-    # loop shrinks and spawns on the other meanwhile), and an accept that
-    # failed because a server died is made again on the new communicator;
-    # the handover says how many accepts are due. A replacement worker
-    # connects to the port of server 0, known to every worker from the
-    # job's start: when server 0 dies, the port dies with it, so a worker
-    # that dies with or after it ends the job, which says why (a restart
-    # resumes from the shard checkpoints). A second failure during the
-    # replacement (its spawn, its handover) is not replaced: the job goes
-    # on without the new process where it can, as after a failover.
+    # forwards each worker's goodbye and each worker death it sees, and the
+    # new server takes part in accepting their replacements with the others
+    # (on a duplicate of the servers' communicator: the loop shrinks and
+    # spawns on the other meanwhile). A server that dies while the servers
+    # accept a replacement worker (a burst) ends the job, which says so: the
+    # accept under way includes the dead server and fails only once the
+    # worker connects, which it then loses. A replacement worker connects to
+    # the port of server 0, known to every worker from the job's start:
+    # when server 0 dies, the port dies with it, so a worker that dies with
+    # or after it ends the job too. A restart resumes from the shard
+    # checkpoints. A second failure during the replacement (its spawn, its
+    # handover) is not replaced: the job goes on without the new process
+    # where it can, as after a failover.
     def _replace_server(self, index: int) -> None:
         """Note [replaced servers], on a surviving server."""
         MPI = self._mpi
@@ -658,6 +650,11 @@ class Server:
             unaccepted = self._unaccepted
         if index == 0 and (unaccepted or self.dead):
             self._lost(None, _NO_PORT.format(workers=sorted(self.dead)))
+        if unaccepted:
+            # The accept under way includes the dead server, and it fails only
+            # once the replacement worker connects, which it then loses.
+            self._lost(None, f"server {index} died while the servers were accepting the "
+                             f"replacement of worker(s) {sorted(self.dead)}")
         try:
             own = spawn_server(self._own.Shrink(), index, self.index)
             accept_own = own.Dup()
@@ -678,26 +675,31 @@ class Server:
                                     "workers": self.workers, "ft": bool(self._port),
                                     "relay": relay, "unaccepted": unaccepted,
                                     "port_lost": self._port_lost}
+        moved = []
         for (sid, owner), store in self.stores.items():
             if owner == index and store.serving:
                 handover["parts"].append((sid, _snapshot(store)))
-                store.serving = False           # the replica again
-                store.waiting.clear()           # the workers ask the new server
-                store.early.clear()
+                moved.append(store)
             elif owner == self.index and store.replicated and \
                     (self.index + 1) % self.servers == index:
                 handover["copies"].append((sid, _snapshot(store)))
-        if (self.index + 1) % self.servers == index:
-            self._backup = index
         try:
             own.send(handover, dest=index, tag=_JOIN_TAG)
             if relay:
                 ports = own.recv(source=index, tag=_JOIN_TAG)
         except MPI.Exception as exc:
+            # It died joining: this server goes on serving the copy.
+            self.dead_servers.add(index)
             sys.stderr.write(f"rabit_py server {self.index}: the new server {index} failed "
                              f"while joining ({exc})\n")
             sys.stderr.flush()
             return
+        for store in moved:
+            store.serving = False               # the replica again
+            store.waiting.clear()               # the workers ask the new server
+            store.early.clear()
+        if (self.index + 1) % self.servers == index:
+            self._backup = index
         self._handed.add(index)
         if relay:
             for worker, port in sorted(ports.items()):
@@ -891,7 +893,6 @@ class _Refused(Exception):
 
 _REPLICA_TAG = 3                    # on the servers' own communicator
 _JOIN_TAG = 4                       # the same: a new server's handover and ports
-_NEW_SERVER_WAIT_S = 60.0           # an accept that failed: wait this long for a new server
 _NO_PORT = ("server 0 died, and worker(s) {workers} with or after it: a replacement worker "
             "connects to the servers on server 0's port, which died with it "
             "(Note [replaced servers])")
