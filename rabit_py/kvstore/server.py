@@ -329,7 +329,8 @@ class Server:
                 worker = channel.recv(source=0, tag=HELLO_TAG)
             except self._mpi.Exception as exc:
                 # A server died too: the servers cannot accept together.
-                self._lost(exc)
+                self._lost(exc, f"a server died while the servers were accepting the "
+                                f"replacement of worker(s) {sorted(set(self.dead))} ({exc})")
                 return
             with self._accept_lock:
                 self._unaccepted -= 1
