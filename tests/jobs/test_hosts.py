@@ -69,11 +69,13 @@ needs_hosts = pytest.mark.skipif(not CAN_MAKE_HOSTS, reason=f"namespace hosts: {
 
 
 @needs_hosts
-@pytest.mark.parametrize("scenario", ["clean", "kill-rank", "kill-twice", "kill-host",
-                                      "freeze-host", "stop-rank", "hang-rank"])
+@pytest.mark.parametrize("scenario", ["clean", "kill-twice", "kill-host", "freeze-host",
+                                      "stop-rank", "hang-rank"])
 def test_a_job_across_namespace_hosts_gives_the_one_machine_bits(reference, scenario):
     # 3 hosts of 2 slots, 4 ranks on the first two; the shared-memory path on
     # for every size, so the fixed groups are used (Note [fixed groups]).
+    # (A single kill of a rank on another host is the first half of
+    # kill-twice, and is not run alone: CI time.)
     with cluster_demo.Hosts(3, 2) as hosts:
         record = cluster_demo.run_scenario(hosts, scenario, RANKS, ROUNDS, timeout=240)
     assert_one_machine_bits(record, reference)
@@ -159,7 +161,7 @@ def xgboost_reference():
 
 
 @needs_hosts
-@pytest.mark.parametrize("scenario", ["clean", "kill-rank", "kill-host"])
+@pytest.mark.parametrize("scenario", ["kill-rank", "kill-host"])
 def test_fault_tolerant_xgboost_across_namespace_hosts_gives_the_one_machine_booster(
         xgboost_reference, scenario):
     # 4 ranks on the first two of three hosts; ranks 2 and 3 on the second.
