@@ -668,14 +668,11 @@ class Server:
         with self._accept_lock:
             self._own, self._accept_own = own, accept_own
             self._port_lost = self._port_lost or index == 0
-            unaccepted = self._unaccepted
-            self._accept_lock.notify_all()
         self.dead_servers.discard(index)
         handover: Dict[str, Any] = {"parts": [], "copies": [], "departed": sorted(self.departed),
                                     "dead": sorted(self.dead), "config": self.config,
                                     "workers": self.workers, "ft": bool(self._port),
-                                    "relay": relay, "unaccepted": unaccepted,
-                                    "port_lost": self._port_lost}
+                                    "relay": relay, "port_lost": self._port_lost}
         moved = []
         for (sid, owner), store in self.stores.items():
             if owner == index and store.serving:
@@ -722,7 +719,7 @@ class Server:
         except self._mpi.Exception:
             pass                            # it died: the probe of the servers' comm says so
 
-    def adopt(self, handovers: List[Dict[str, Any]]) -> Dict[int, str]:
+    def _adopt(self, handovers: List[Dict[str, Any]]) -> Dict[int, str]:
         """A replacement server's start (Note [replaced servers]): take the
         parts and copies the survivors sent, open a port for each live
         worker and accept their connections in a thread. Returns the ports
@@ -997,10 +994,8 @@ def _replacement(index: int) -> Server:
     server = Server(None, relay["workers"], index, relay["config"], own, port, servers,
                     accept_own)
     server._port_lost = index == 0 or any(h.get("port_lost") for h in handovers)
-    ports = server.adopt(handovers)
+    ports = server._adopt(handovers)
     own.send(ports, dest=(index + 1) % servers, tag=_JOIN_TAG)
-    if relay["unaccepted"]:
-        server._expect_replacements(relay["unaccepted"])
     return server
 
 
