@@ -6,8 +6,9 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,3 +142,36 @@ def debris() -> set:
             for folder, dirs, files in os.walk(top):
                 found |= {os.path.join(folder, n) for n in dirs + files}
     return found
+
+
+@contextmanager
+def cpu_hogs(count: int) -> Iterator[None]:
+    """``count`` CPU-bound processes beside the block, killed after it."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+
+
+def server_processes(replacements: Optional[bool] = None) -> List[int]:
+    """The parameter-server processes this process started (``python -m
+    rabit_py.kvstore.server``; mpirun's own line names the module too, after
+    other words), oldest PID first: the servers start in index order. With
+    ``replacements``, only those spawned in a dead one's place (True) or
+    only the job's first ones (False)."""
+    from rabit_py.launcher._processes import descendants
+
+    found = []
+    for pid in sorted(descendants(os.getpid())):
+        try:
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if words[1:3] == [b"-m", b"rabit_py.kvstore.server"] and (
+                replacements is None or (b"--replaces" in words) == replacements):
+            found.append(pid)
+    return found
+

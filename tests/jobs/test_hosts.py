@@ -207,7 +207,7 @@ def test_parameter_servers_across_namespace_hosts(tmp_path, fault):
     import signal
     import threading
 
-    from rabit_py.launcher._processes import descendants
+    from .._proc import server_processes
 
     out = tmp_path / "out"
     out.mkdir()
@@ -227,8 +227,7 @@ def test_parameter_servers_across_namespace_hosts(tmp_path, fault):
                 hit.append(int(words[2]))
                 threading.Timer(0.7, os.kill, (hit[0], signal.SIGKILL)).start()
                 return
-            servers = [p for p in descendants(os.getpid()) if p in hosts.pids(hosts.names[1])
-                       and _cmdline(p)[1:3] == [b"-m", b"rabit_py.kvstore.server"]]
+            servers = [p for p in server_processes() if p in hosts.pids(hosts.names[1])]
             if servers:
                 hit.append(servers[-1])
                 threading.Timer(0.7, os.kill, (hit[0], signal.SIGSTOP)).start()
@@ -251,10 +250,3 @@ def test_parameter_servers_across_namespace_hosts(tmp_path, fault):
         assert (result["start"] > 0) == (fault == "worker killed" and rank == 3), \
             (rank, result["start"])
 
-
-def _cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().split(b"\0")
-    except OSError:
-        return []

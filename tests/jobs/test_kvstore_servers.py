@@ -9,14 +9,13 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from .._proc import run
+from .._proc import cpu_hogs, run, server_processes
 
 PROGRAM = [sys.executable, "tests/programs/kv_servers.py"]
 WORKERS, SERVERS, ITERATIONS = 3, 2, 20
@@ -150,10 +149,10 @@ def test_without_the_variable_the_server_says_how_to_start_it():
     assert code == 2 and "RABIT_SERVERS is not set" in text, text
 
 
-def kill_when_ready(which, killed, sig=signal.SIGKILL, rank=1):
-    """An ``on_line`` that sends ``sig`` to a process once every worker
-    printed "ready": ``worker`` (worker ``rank``) or ``server`` (the first
-    server)."""
+def kill_when_ready(which, killed, sig=signal.SIGKILL, rank=1, server=0):
+    """An ``on_line`` that sends ``sig`` to processes once every worker
+    printed "ready", all at once: ``worker`` (worker ``rank``), ``server``
+    (server ``server``) or ``both`` (a burst)."""
     ready = {}
 
     def on_line(line):
@@ -161,24 +160,13 @@ def kill_when_ready(which, killed, sig=signal.SIGKILL, rank=1):
         if len(words) >= 5 and words[0] == "ready" and words[4] == "0" and not killed:
             ready[int(words[1])] = int(words[2])
         if len(ready) == WORKERS and not killed:
-            if which == "worker":
-                victim = ready[rank]
-            else:
-                from rabit_py.launcher._processes import descendants
-                victim = next(p for p in descendants(os.getpid())
-                              if _cmdline(p)[1:3] == [b"-m", b"rabit_py.kvstore.server"])
-            killed.append(victim)
-            threading.Timer(0.5, os.kill, (victim, sig)).start()
+            if which in ("worker", "both"):
+                killed.append(ready[rank])
+            if which in ("server", "both"):
+                killed.append(server_processes()[server])
+            victims = list(killed)
+            threading.Timer(0.5, lambda: [os.kill(p, sig) for p in victims]).start()
     return on_line
-
-
-def _cmdline(pid):
-    """A process's arguments (a server: PYTHON -m rabit_py.kvstore.server;
-    mpirun's own line names the module too, after other words)."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return []
 
 
 @pytest.mark.parametrize("mode,rank,updater,hogs", [("dist_async", 0, "sgd", 0)])
@@ -191,16 +179,11 @@ def test_a_killed_worker_is_replaced_in_the_job_and_resumes_at_its_clock(tmp_pat
     # its steps: every worker's every push applied once, no restart.
     killed = []
     steps = 100
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
-    try:
+    with cpu_hogs(hogs):
         code, text = run(servers_job(WORKERS, 2, "resume", "--mode", mode, "--staleness", "1",
                                      "--iterations", str(steps), "--pace", "0.02",
                                      "--updater", updater, "--out", str(tmp_path)),
                          timeout=240, on_line=kill_when_ready("worker", killed, rank=rank))
-    finally:
-        for proc in busy:
-            proc.kill()
-            proc.wait()
     assert killed and code == 0, text[-6000:]
     assert "restart" not in text and "1 in-job recovery (1 process replaced)" in text, \
         text[-6000:]
@@ -229,20 +212,13 @@ def test_a_killed_server_is_replaced_by_a_new_process_that_keeps_the_copy(
     # whose copy the next server keeps, kept up by A') is killed: it is
     # failed over and replaced again. Every push applied exactly once
     # through both failures, no restart.
-    from rabit_py.launcher._processes import descendants
-
     killed = []
     steps = 200
 
-    def servers_now():
-        return [p for p in descendants(os.getpid())
-                if _cmdline(p)[1:3] == [b"-m", b"rabit_py.kvstore.server"] and p not in killed]
-
     def second(line):
         if "a new process took the place of server" in line and len(killed) == 1:
-            new = [p for p in servers_now() if b"--replaces" in _cmdline(p)]
-            old = [p for p in servers_now() if b"--replaces" not in _cmdline(p)]
-            killed.append((new if then == "the new one" else old)[0])
+            killed.append(next(p for p in server_processes(then == "the new one")
+                               if p not in killed))
             threading.Timer(1.0, os.kill, (killed[1], signal.SIGKILL)).start()
 
     first = kill_when_ready("server", killed)
@@ -251,17 +227,12 @@ def test_a_killed_server_is_replaced_by_a_new_process_that_keeps_the_copy(
         first(line)
         second(line)
 
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
-    try:
+    with cpu_hogs(hogs):
         code, text = run(servers_job(WORKERS, servers, "resume", "--mode", mode, "--staleness",
                                      "1", "--iterations", str(steps), "--pace", "0.02",
                                      "--replicas", "1", "--updater", updater,
                                      "--out", str(tmp_path)),
                          timeout=240, on_line=on_line)
-    finally:
-        for proc in busy:
-            proc.kill()
-            proc.wait()
     assert len(killed) == 2 and code == 0, text[-6000:]
     assert "restart" not in text, text[-6000:]
     assert "from the replica here" in text and "request(s) sent there again" in text, \
@@ -290,17 +261,12 @@ def test_a_killed_server_ends_the_job_and_a_restart_resumes_from_the_shards(tmp_
     # a part lacks, so every worker's every push is applied exactly once.
     killed = []
     steps = 100
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
-    try:
+    with cpu_hogs(hogs):
         code, text = run(servers_job(WORKERS, 2, "resume", "--mode", "dist_ssp", "--staleness",
                                      "1", "--iterations", str(steps), "--pace", "0.02",
                                      "--checkpoint-every", "4", "--out", str(tmp_path),
                                      restarts=1, checkpoint_dir=tmp_path / "ck"),
                          timeout=240, on_line=kill_when_ready("server", killed))
-    finally:
-        for proc in busy:
-            proc.kill()
-            proc.wait()
     assert killed, text[-6000:]
     assert code == 0, text[-6000:]
     assert "restart 1 of 1" in text, text[-6000:]
@@ -351,33 +317,14 @@ def test_a_worker_and_a_server_killed_together(tmp_path, server, hogs):
     # the restart resumes from the shard checkpoints. Server 0: a
     # replacement worker connects on server 0's port, which died with it:
     # the job ends, saying so, and restarts. Exact sums in every case.
-    from rabit_py.launcher._processes import descendants
-
     killed = []
     steps = 200
-    ready = {}
-
-    def on_line(line):
-        words = line.split()
-        if len(words) >= 5 and words[0] == "ready" and words[4] == "0" and not killed:
-            ready[int(words[1])] = int(words[2])
-        if len(ready) == WORKERS and not killed:
-            servers = sorted(p for p in descendants(os.getpid())
-                             if _cmdline(p)[1:3] == [b"-m", b"rabit_py.kvstore.server"])
-            killed.extend([ready[1], servers[server]])      # the servers start in order
-            threading.Timer(0.5, lambda: [os.kill(p, signal.SIGKILL) for p in killed]).start()
-
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
-    try:
+    with cpu_hogs(hogs):
         code, text = run(servers_job(WORKERS, 2, "resume", "--mode", "dist_ssp", "--staleness",
                                      "1", "--iterations", str(steps), "--pace", "0.02",
                                      "--replicas", "1", "--checkpoint-every", "4", "--out",
                                      str(tmp_path), restarts=1, checkpoint_dir=tmp_path / "ck"),
-                         timeout=240, on_line=on_line)
-    finally:
-        for proc in busy:
-            proc.kill()
-            proc.wait()
+                         timeout=240, on_line=kill_when_ready("both", killed, server=server))
     assert killed and code == 0, text[-6000:]
     if server == 1 and "restart 1 of" not in text:
         assert "a new process took the place of server 1" in text, text[-6000:]
