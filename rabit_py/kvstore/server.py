@@ -183,6 +183,9 @@ class Server:
         #: Note [replaced servers]: server 0, whose port replacement workers
         #: connect to, was replaced: none can connect any more
         self._port_lost = False
+        #: Note [servers on several hosts]: whether a dead server may be
+        #: replaced by a new process (else its replica serves its parts)
+        self.replaceable = _on_one_host()
         self._sends: List[Any] = []
         #: where rabit-run learns how this server does (None: nowhere)
         self.reporter: Optional[Reporter] = None
@@ -568,9 +571,17 @@ class Server:
             self._known_failed.setdefault(id(self.link), set()).add(self.workers + index)
         if self._backup == index:
             self._backup = None
-        if self._port and self._own is not None and all(
-                store.replicated for key, store in self.stores.items() if key[1] == self.index):
-            self._to_replace.append(index)      # Note [replaced servers]
+        replicated = all(store.replicated for key, store in self.stores.items()
+                         if key[1] == self.index)
+        if self._port and self._own is not None and replicated:
+            if self.replaceable:
+                self._to_replace.append(index)      # Note [replaced servers]
+            else:
+                sys.stderr.write(f"rabit_py server {self.index}: server {index} is not replaced "
+                                 f"by a new process: the job runs on several hosts, where Open "
+                                 f"MPI 5.0's connect/accept is not reliable (Note "
+                                 f"[servers on several hosts]); its replica serves its parts "
+                                 f"from here on\n")
         promoted = [key for key, store in self.stores.items()
                     if key[1] == index and not store.serving]
         for key in promoted:
@@ -604,6 +615,24 @@ class Server:
             self._push(store, sid, key, part, grad, worker, index)
 
     # ------------------------------------------------------------ replacing a server
+    # Note [servers on several hosts]
+    # A replacement server is reached by MPI_Comm_spawn and by each worker's
+    # MPI_Comm_connect (Note [replaced servers]). Between processes on two
+    # hosts, Open MPI 5.0.11's runtime (PRRTE) breaks in these: "PMIX ERROR:
+    # PMIX_ERROR in file prted/pmix/pmix_server_dyn.c at line 1113" with an
+    # unpack error, then a heap corruption ("corrupted size vs. prev_size",
+    # "free(): invalid pointer") or a segfault, a daemon lost, and the
+    # connects under way hang -- 3 to 4 runs in 6 of the namespace-host test
+    # with one server frozen (the new process spawned on the survivor's host
+    # or on the other, the workers' accepts one at a time or together), as
+    # in open-mpi/ompi#12601 and openpmix/prrte#964. On one host they work.
+    # So a server replaces a dead one only when the job runs on one host
+    # (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE is the world's size; unknown
+    # counts as several); on several hosts the replica serves the dead
+    # server's parts for the rest of the job (Note [server replicas]), and a
+    # second failure of a pair ends the job for a restart from the shard
+    # checkpoints.
+
     # Note [replaced servers]
     # A dead server is replaced by a new process when every store keeps
     # replicas (its parts then live on in the copy its next server holds)
@@ -965,6 +994,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if server.config.log_level.upper() == "DEBUG":
         sys.stderr.write(f"rabit_py server {server.index}: handled {server.handled}\n")
     return 0
+
+
+def _on_one_host() -> bool:
+    """Whether this process's job runs on one host (Note [servers on several
+    hosts]): Open MPI's local size is its world size."""
+    world = os.environ.get("OMPI_COMM_WORLD_SIZE")
+    return world is not None and os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") == world
 
 
 def _replacement(index: int) -> Server:

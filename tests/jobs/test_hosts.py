@@ -200,7 +200,8 @@ def test_parameter_servers_across_namespace_hosts(tmp_path, fault):
     # the servers across the hosts and resumes at its clock. "server
     # frozen": a server is SIGSTOPped; rabit-run cannot read its state on the
     # other host, sees its heartbeats stop and ends it through the launch
-    # agent (rule (g) of Note [supervision]); its replica serves its parts.
+    # agent (rule (g) of Note [supervision]); its replica serves its parts (no
+    # new process across hosts: Note [servers on several hosts]).
     # Every push applied exactly once: the sums are exact.
     import json
     import os
@@ -243,6 +244,10 @@ def test_parameter_servers_across_namespace_hosts(tmp_path, fault):
                          rf"no heartbeat for [\d.]+ s, holding the workers' pulls .*; killed "
                          rf"it there through the launch agent", text), text[-6000:]
         assert "restart 1 of" not in text, text[-6000:]
+        # Note [servers on several hosts]: its replica serves its parts.
+        assert "is not replaced by a new process: the job runs on several hosts" in text, \
+            text[-6000:]
+        assert "a new process took the place" not in text, text[-6000:]
     for rank in range(4):
         result = json.loads((out / f"rank{rank}.json").read_text())
         assert result["small"] == [float(steps * (1 + 2 + 3 + 4))] * 5, text[-6000:]

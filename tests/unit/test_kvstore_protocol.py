@@ -85,3 +85,17 @@ def test_a_snapshot_gives_a_new_server_the_parts_and_the_optimizer_state():
     new.updater("w", grad, new.values[("w", 0)])
     assert new.values[("w", 0)].tobytes() == old.values[("w", 0)].tobytes()
     assert new.values[("w", 0)] is not old.values[("w", 0)]
+
+
+@pytest.mark.parametrize("world,local,one", [("4", "4", True), ("6", "3", False),
+                                             (None, None, False), ("1", "1", True)])
+def test_servers_are_replaced_by_new_processes_only_on_one_host(monkeypatch, world, local, one):
+    # Note [servers on several hosts]: unknown counts as several.
+    from rabit_py.kvstore.server import _on_one_host
+
+    for name, value in (("OMPI_COMM_WORLD_SIZE", world), ("OMPI_COMM_WORLD_LOCAL_SIZE", local)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert _on_one_host() is one
