@@ -25,7 +25,7 @@ alone (no namespaces):
 - ``kill-twice``: rank 3 killed, then rank 2 once the job went on: the
   second repair across hosts can hang in Open MPI's spawn
   (open-mpi/ompi#12599, #12601); the repair deadline (RABIT_RECOVERY_TIMEOUT,
-  15 s here) or the collective timeout then ends the attempt, and rabit-run
+  8 s here) or the collective timeout then ends the attempt, and rabit-run
   restarts it from the durable checkpoint;
 - ``kill-host``: every process of the second host (ranks fill the hosts'
   slots in order, so it holds ranks) SIGKILLed and its network cut;
@@ -358,7 +358,7 @@ def run_scenario(hosts: Hosts, name: str, ranks: int, rounds: int,
     if name == "freeze-host":
         env["RABIT_TIMEOUT"] = "10"
     if name == "kill-twice":
-        env["RABIT_RECOVERY_TIMEOUT"] = "15"
+        env["RABIT_RECOVERY_TIMEOUT"] = "8"
     if name == "hang-rank":
         env["RABIT_TIMEOUT"] = "5"
         program += ["--hang", f"{ranks - 1},2"]

@@ -231,7 +231,7 @@ def test_a_late_rank_under_plain_mpirun_is_still_a_timeout_naming_it():
                "r.init(engine='robust', timeout=2)\n"
                "r.allreduce(np.zeros(2), r.Op.SUM)\n"
                "if r.get_rank() == 1:\n"
-               "    time.sleep(8)\n"
+               "    time.sleep(4)\n"
                "try:\n"
                "    r.allreduce(np.zeros(2), r.Op.SUM)\n"
                "except r.CollectiveTimeoutError as exc:\n"
@@ -366,7 +366,8 @@ def test_a_rank_dying_while_peers_wait_in_shared_memory(node_size, plan, killed,
             ["spare", "spawned"]
 
 
-@pytest.mark.parametrize("ranks,victim", [(2, 1), (2, 0), (4, 2)])
+# (A non-leader victim at 2 ranks is not run apart from (4, 2): CI time.)
+@pytest.mark.parametrize("ranks,victim", [(2, 0), (4, 2)])
 def test_a_rank_killed_inside_a_large_shared_memory_allreduce_recovers_bitwise(ranks, victim):
     # The ranks of one node reduce 16 MiB arrays in place through shared
     # memory, each chunk's result kept in an area the node keeps too (Note
