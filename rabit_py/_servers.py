@@ -44,7 +44,7 @@ from typing import Any, List, Optional, Set, Tuple
 
 __all__ = ["WORKER", "SERVER", "BYE_TAG", "PORT_TAG", "HELLO_TAG", "MOVED_TAG", "split_world",
            "say_goodbye", "server_ranks", "connect_replacement", "acknowledge_failures",
-           "spawn_server", "join_servers"]
+           "spawn_server", "join_servers", "port_service", "publish_port", "current_port"]
 
 WORKER = 0
 SERVER = 1
@@ -98,14 +98,67 @@ def split_world(world: Any, servers: int, role: int) -> Tuple[Any, Any, str]:
     return own, link, port
 
 
+# Note [the servers' port]
+# A replacement worker connects to the port of server 0, whose name every
+# worker learnt at the job's start (and a replacement from the replayed
+# broadcast at the store's creation). When server 0 dies and a new process
+# takes its place (Note [replaced servers] in kvstore/server.py), that port
+# dies with it, and MPI_Comm_connect to a dead process's port hangs (Open MPI
+# 5.0.11). So server 0 publishes its port (MPI_Publish_name, kept by the MPI
+# runtime) under a name made of the first port and a *generation*, the
+# number of times server 0 was replaced: each new server 0 publishes its own
+# port under the next generation, and a replacement worker looks the names
+# up and connects to the newest port found (the first port where the
+# runtime publishes nothing: a job started outside mpirun's runtime). A name
+# that is missing costs a look-up ~0.1 ms, and the runtime may drop a dead
+# publisher's names, so the look-up goes on past missing generations.
+_SERVICE_PREFIX = "rabit_py-kvstore-"
+_LOOKUP_MISSES = 8
+
+
+def port_service(port: str) -> str:
+    """The name under which the servers publish their port (Note [the
+    servers' port]), made from the job's first port."""
+    return _SERVICE_PREFIX + port
+
+
+def publish_port(service: str, generation: int, port: str) -> bool:
+    """Publish ``port`` as generation ``generation`` of ``service``; whether
+    the MPI runtime took it."""
+    from mpi4py import MPI
+
+    try:
+        MPI.Publish_name(f"{service}-{generation}", port)
+    except MPI.Exception:
+        return False
+    return True
+
+
+def current_port(first_port: str) -> str:
+    """The servers' newest published port (Note [the servers' port]), or
+    ``first_port`` where none is published."""
+    from mpi4py import MPI
+
+    service, port, generation, misses = port_service(first_port), first_port, 0, 0
+    while misses < _LOOKUP_MISSES:
+        try:
+            port = MPI.Lookup_name(f"{service}-{generation}")
+            misses = 0
+        except MPI.Exception:
+            misses += 1
+        generation += 1
+    return port
+
+
 def connect_replacement(port: str, rank: int) -> Any:
     """A replacement worker (spawned by the job's in-job recovery, outside
     ``COMM_WORLD``) connects to the servers' port: the intercommunicator
     that is its link (the servers are its remote group), after telling them
-    its rank (:data:`HELLO_TAG`). Raises ``MPI.Exception``."""
+    its rank (:data:`HELLO_TAG`). ``port``: the job's first port (Note
+    [the servers' port]). Raises ``MPI.Exception``."""
     from mpi4py import MPI
 
-    link = MPI.COMM_SELF.Connect(port, root=0)
+    link = MPI.COMM_SELF.Connect(current_port(port), root=0)
     link.Set_errhandler(MPI.ERRORS_RETURN)
     for server in range(link.Get_remote_size()):
         link.send(rank, dest=server, tag=HELLO_TAG)

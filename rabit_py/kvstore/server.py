@@ -70,7 +70,7 @@ from typing import Any, Dict, Hashable, List, Optional, Tuple
 import numpy as np
 
 from .._servers import (BYE_TAG, HELLO_TAG, MOVED_TAG, SERVER, acknowledge_failures,
-                        join_servers, spawn_server, split_world)
+                        join_servers, port_service, publish_port, spawn_server, split_world)
 from .._status import RESTART, Reporter
 from .._unpickle import NotData, load_data
 from ..config import Config
@@ -183,6 +183,11 @@ class Server:
         #: Note [replaced servers]: server 0, whose port replacement workers
         #: connect to, was replaced: none can connect any more
         self._port_lost = False
+        #: Note [the servers' port] in _servers.py: the name server 0's port
+        #: is published under ("" where the runtime publishes none), and how
+        #: many times server 0 was replaced
+        self.service = ""
+        self.generation = 0
         #: Note [servers on several hosts]: whether a dead server may be
         #: replaced by a new process (else its replica serves its parts)
         self.replaceable = _on_one_host()
@@ -666,10 +671,11 @@ class Server:
     # accept a replacement worker (a burst) ends the job, which says so: the
     # accept under way includes the dead server and fails only once the
     # worker connects, which it then loses. A replacement worker connects to
-    # the port of server 0, known to every worker from the job's start:
-    # when server 0 dies, the port dies with it, so a worker that dies with
-    # or after it ends the job too. A restart resumes from the shard
-    # checkpoints. A second failure during the replacement (its spawn, its
+    # the port of server 0, which dies with it: a new server 0 publishes its
+    # own (Note [the servers' port] in _servers.py), so a worker that dies
+    # after the replacement is replaced too, and one that dies with server 0
+    # (before the new port is published) ends the job. A restart resumes
+    # from the shard checkpoints. A second failure during the replacement (its spawn, its
     # handover) is not replaced: the job goes on without the new process
     # where it can, as after a failover.
     def _replace_server(self, index: int) -> None:
@@ -696,12 +702,16 @@ class Server:
         relay = (index + 1) % self.servers == self.index
         with self._accept_lock:
             self._own, self._accept_own = own, accept_own
-            self._port_lost = self._port_lost or index == 0
+            # Note [the servers' port]: the new server 0 publishes its own.
+            self._port_lost = self._port_lost or (index == 0 and not self.service)
+        if index == 0:
+            self.generation += 1
         self.dead_servers.discard(index)
         handover: Dict[str, Any] = {"parts": [], "copies": [], "departed": sorted(self.departed),
                                     "dead": sorted(self.dead), "config": self.config,
                                     "workers": self.workers, "ft": bool(self._port),
-                                    "relay": relay, "port_lost": self._port_lost}
+                                    "relay": relay, "port_lost": self._port_lost,
+                                    "service": self.service, "generation": self.generation}
         moved = []
         for (sid, owner), store in self.stores.items():
             if owner == index and store.serving:
@@ -920,9 +930,10 @@ class _Refused(Exception):
 
 _REPLICA_TAG = 3                    # on the servers' own communicator
 _JOIN_TAG = 4                       # the same: a new server's handover and ports
-_NO_PORT = ("server 0 died, and worker(s) {workers} with or after it: a replacement worker "
-            "connects to the servers on server 0's port, which died with it "
-            "(Note [replaced servers])")
+_NO_PORT = ("server 0 died, and worker(s) {workers} with it: a replacement worker connects to "
+            "the servers on server 0's port, which died with it, until a new server 0 "
+            "publishes its own (or for good, where MPI's runtime publishes no names: Note "
+            "[the servers' port] in rabit_py/_servers.py)")
 _SNAPSHOT_FIELDS = ("staleness", "workers", "owner", "every", "path", "since", "applied",
                     "updater_blob", "closed", "values", "clocks", "error")
 
@@ -981,6 +992,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             "1", "true", "yes", "on", "enabled")
         server = Server(link, link.Get_size() - config.servers, own.Get_rank(), config, own,
                         port if ft else "")
+        if ft:
+            # Note [the servers' port] in _servers.py: every server learns
+            # whether the runtime took server 0's name.
+            published = publish_port(port_service(port), 0, port) if server.index == 0 else None
+            if own.bcast(published, root=0):
+                server.service = port_service(port)
     # rabit-run reads these (Note [status folder] in rabit_py/_status.py):
     # a server that ended its loop and then waits in MPI_Finalize is said so.
     server.reporter = Reporter(server.config.run_status_dir, f"server-{server.index}")
@@ -1025,11 +1042,16 @@ def _replacement(index: int) -> Server:
     relay = next(h for h in handovers if h["relay"])
     # A replacement worker's connection is accepted by all servers together
     # on the first server's port; only there does the name matter (a new
-    # server 0's is known to no worker: _port_lost).
+    # server 0's is published: Note [the servers' port] in _servers.py).
     port = (MPI.Open_port() if index == 0 else "-") if relay["ft"] else ""
     server = Server(None, relay["workers"], index, relay["config"], own, port, servers,
                     accept_own)
-    server._port_lost = index == 0 or any(h.get("port_lost") for h in handovers)
+    server.service, server.generation = relay["service"], relay["generation"]
+    server._port_lost = any(h.get("port_lost") for h in handovers)
+    if index == 0 and relay["ft"] and not (
+            server.service and publish_port(server.service, server.generation, port)):
+        # No replacement worker can find this port (Note [the servers' port]).
+        server._port_lost = True
     ports = server._adopt(handovers)
     own.send(ports, dest=(index + 1) % servers, tag=_JOIN_TAG)
     return server

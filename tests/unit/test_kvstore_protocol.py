@@ -99,3 +99,24 @@ def test_servers_are_replaced_by_new_processes_only_on_one_host(monkeypatch, wor
         else:
             monkeypatch.setenv(name, value)
     assert _on_one_host() is one
+
+
+@pytest.mark.parametrize("published,want", [({}, "first"), ({0: "first", 1: "p1"}, "p1"),
+                                            ({0: "first", 1: "p1", 3: "p3"}, "p3"),
+                                            ({1: "p1", 2: "p2"}, "p2")])
+def test_a_replacement_worker_finds_the_newest_published_port(monkeypatch, published, want):
+    # Note [the servers' port]: the newest generation, past missing ones (a
+    # dead publisher's names may be dropped); the first port where none is.
+    from mpi4py import MPI
+
+    from rabit_py._servers import current_port, port_service
+
+    names = {f"{port_service('first')}-{g}": port for g, port in published.items()}
+
+    def lookup(name):
+        if name not in names:
+            raise MPI.Exception(MPI.ERR_NAME)
+        return names[name]
+
+    monkeypatch.setattr(MPI, "Lookup_name", lookup)
+    assert current_port("first") == want
