@@ -180,8 +180,8 @@ class Server:
         #: ``own`` (two threads must not share a communicator's collectives)
         self._accept_own = accept_own if accept_own is not None else (
             own.Dup() if own is not None else None)
-        #: Note [replaced servers]: server 0, whose port replacement workers
-        #: connect to, was replaced: none can connect any more
+        #: Note [the servers' port]: server 0 was replaced and its new port
+        #: cannot be found (not published): no replacement worker can connect
         self._port_lost = False
         #: Note [the servers' port] in _servers.py: the name server 0's port
         #: is published under ("" where the runtime publishes none), and how
@@ -675,9 +675,9 @@ class Server:
     # own (Note [the servers' port] in _servers.py), so a worker that dies
     # after the replacement is replaced too, and one that dies with server 0
     # (before the new port is published) ends the job. A restart resumes
-    # from the shard checkpoints. A second failure during the replacement (its spawn, its
-    # handover) is not replaced: the job goes on without the new process
-    # where it can, as after a failover.
+    # from the shard checkpoints. A second failure during the replacement
+    # (its spawn, its handover) is not replaced: the job goes on without the
+    # new process where it can, as after a failover.
     def _replace_server(self, index: int) -> None:
         """Note [replaced servers], on a surviving server."""
         MPI = self._mpi
