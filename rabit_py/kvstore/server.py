@@ -627,7 +627,7 @@ class Server:
     # PMIX_ERROR in file prted/pmix/pmix_server_dyn.c at line 1113" with an
     # unpack error, then a heap corruption ("corrupted size vs. prev_size",
     # "free(): invalid pointer") or a segfault, a daemon lost, and the
-    # connects under way hang -- 3 to 4 runs in 6 of the namespace-host test
+    # connects under way hang -- 3 runs of 5 and 4 of 6 of the namespace-host test
     # with one server frozen (the new process spawned on the survivor's host
     # or on the other, the workers' accepts one at a time or together), as
     # in open-mpi/ompi#12601 and openpmix/prrte#964. On one host they work.
